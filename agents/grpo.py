@@ -1,0 +1,300 @@
+"""The GRPO core shared by every agent: group advantages and the clipped token-level loss.
+
+Nothing here knows about language models, tokenizers or envs. An agent supplies, per
+trajectory, a reward (``None`` = unknown), a group id and a source (``"env"`` for anchor
+groups graded by real execution, ``"wm"`` for world-model groups), and per token the
+log-probabilities under the current / behaviour / reference policies plus a loss mask.
+
+* :func:`group_advantages` — normalise rewards within each GRPO group over its *graded*
+  members only; unknown rewards are excluded (never scored 0); groups with fewer than two
+  graded members are skipped; groups whose graded rewards are all equal are counted as
+  degenerate (advantage 0); anchor groups are multiplied by the current anchor weight
+  (WMRL's Inverse-Variance Denoising); ``scale_by_std=False`` gives Dr.GRPO's centring.
+* :func:`grpo_loss` — PPO-style clipped policy gradient per token, optional k3 KL to a
+  frozen reference, optional entropy bonus, over a mask that keeps only the agent's own
+  tokens (observation tokens of multi-turn episodes are masked out).
+* :func:`concat_segments` — build one multi-turn sequence and its loss mask from
+  ``(tokens, is_action)`` segments.
+
+Classes: :class:`AdvantageResult`, :class:`LossOutput`.
+Functions: :func:`group_advantages`, :func:`grpo_loss`, :func:`concat_segments`.
+
+>>> r = group_advantages([1.0, 0.0, None, 0.5, 0.5], ["a", "a", "a", "b", "b"], scale_by_std=False)
+>>> r.advantages
+[0.5, -0.5, None, 0.0, 0.0]
+>>> (r.stats.groups_used, r.stats.groups_degenerate, r.stats.ungraded)
+(2, 1, 1)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Hashable, Literal, Sequence
+
+import torch
+
+__all__ = [
+    "AdvantageStats",
+    "AdvantageResult",
+    "LossOutput",
+    "group_advantages",
+    "grpo_loss",
+    "concat_segments",
+    "LOSS_AGGREGATIONS",
+]
+
+#: ``"token-mean"``: every unmasked token of the batch weighs the same (DAPO / Dr.GRPO);
+#: ``"seq-mean-token-mean"``: mean over each sequence's tokens, then over sequences
+#: (the original GRPO paper, which favours short answers).
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
+
+
+@dataclass(frozen=True)
+class AdvantageStats:
+    """Bookkeeping of one :func:`group_advantages` call (all counts; logged by trainers).
+
+    Attributes:
+        groups: distinct group ids seen.
+        groups_used: groups that produced advantages (>= 2 graded members), degenerate included.
+        groups_skipped: groups with fewer than 2 graded members (their members get ``None``).
+        groups_degenerate: used groups whose graded rewards are all equal (advantage 0).
+        anchor_groups: used groups whose source is ``"env"``.
+        graded: members with a known reward.
+        ungraded: members with reward ``None``.
+    """
+
+    groups: int
+    groups_used: int
+    groups_skipped: int
+    groups_degenerate: int
+    anchor_groups: int
+    graded: int
+    ungraded: int
+
+
+@dataclass(frozen=True)
+class AdvantageResult:
+    """Per-member advantages (``None`` = excluded from the loss) and their statistics."""
+
+    advantages: list[float | None]
+    stats: AdvantageStats
+
+    def mask(self) -> list[bool]:
+        """True for the members that carry an advantage."""
+        return [a is not None for a in self.advantages]
+
+
+def group_advantages(
+    rewards: Sequence[float | None],
+    group_ids: Sequence[Hashable],
+    *,
+    sources: Sequence[str | None] | None = None,
+    anchor_weight: float = 1.0,
+    scale_by_std: bool = True,
+    eps: float = 1e-6,
+) -> AdvantageResult:
+    """GRPO advantages ``(r - mean_g) / (std_g + eps)`` over each group's graded members.
+
+    Args:
+        rewards: one trajectory reward per member, ``None`` when unknown.
+        group_ids: the member's group (any hashable; the env's ``group_id``).
+        sources: the member's ``info["source"]`` (``"env"`` = anchor group, ``"wm"``, or
+            ``None`` when the member was never graded). All graded members of a group must
+            share one source, since the anchor decision is made per group.
+        anchor_weight: multiplier of anchor-group advantages (``info["anchor_weight"]``);
+            ``1.0`` means plain GRPO.
+        scale_by_std: divide by the group's (population) standard deviation; ``False`` is
+            Dr.GRPO's unbiased centring.
+        eps: added to the std so near-degenerate groups stay finite.
+
+    Returns:
+        :class:`AdvantageResult`; members of skipped groups and ungraded members get ``None``,
+        members of degenerate groups get ``0.0``.
+
+    Raises:
+        ValueError: lengths differ, a reward is not a finite number / ``None``, a source is
+            unknown, a group mixes sources, or ``anchor_weight`` is not a positive finite number.
+    """
+    n = len(rewards)
+    if len(group_ids) != n:
+        raise ValueError(f"group_ids has {len(group_ids)} entries but rewards has {n}")
+    if sources is not None and len(sources) != n:
+        raise ValueError(f"sources has {len(sources)} entries but rewards has {n}")
+    if not (isinstance(anchor_weight, (int, float)) and math.isfinite(anchor_weight) and anchor_weight > 0):
+        raise ValueError(f"anchor_weight must be a positive finite number, got {anchor_weight!r}")
+    for i, r in enumerate(rewards):
+        if r is not None and not (isinstance(r, (int, float)) and math.isfinite(r)):
+            raise ValueError(f"rewards[{i}] must be a finite number or None, got {r!r}")
+    if sources is not None:
+        for i, s in enumerate(sources):
+            if s not in ("env", "wm", None):
+                raise ValueError(f"sources[{i}] must be 'env', 'wm' or None, got {s!r}")
+
+    members: OrderedDict[Hashable, list[int]] = OrderedDict()
+    for i, g in enumerate(group_ids):
+        members.setdefault(g, []).append(i)
+
+    advantages: list[float | None] = [None] * n
+    used = skipped = degenerate = anchors = 0
+    for g, idx in members.items():
+        graded = [i for i in idx if rewards[i] is not None]
+        if len(graded) < 2:
+            skipped += 1
+            continue
+        used += 1
+        group_sources = {sources[i] for i in graded} - {None} if sources is not None else set()
+        if len(group_sources) > 1:
+            raise ValueError(f"group {g!r} mixes sources {sorted(group_sources)}; anchor decisions are per group")
+        is_anchor = group_sources == {"env"}
+        anchors += is_anchor
+        values = [float(rewards[i]) for i in graded]
+        mean = sum(values) / len(values)
+        if max(values) - min(values) == 0.0:
+            degenerate += 1
+            for i in graded:
+                advantages[i] = 0.0
+            continue
+        scale = 1.0
+        if scale_by_std:
+            std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+            scale = 1.0 / (std + eps)
+        weight = anchor_weight if is_anchor else 1.0
+        for i, v in zip(graded, values):
+            advantages[i] = (v - mean) * scale * weight
+
+    n_graded = sum(r is not None for r in rewards)
+    stats = AdvantageStats(
+        groups=len(members),
+        groups_used=used,
+        groups_skipped=skipped,
+        groups_degenerate=degenerate,
+        anchor_groups=anchors,
+        graded=n_graded,
+        ungraded=n - n_graded,
+    )
+    return AdvantageResult(advantages, stats)
+
+
+@dataclass
+class LossOutput:
+    """The scalar loss to backpropagate and detached diagnostics (floats)."""
+
+    loss: torch.Tensor
+    metrics: dict[str, float]
+
+
+def _aggregate(values: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
+    if how == "token-mean":
+        return (values * mask).sum() / mask.sum().clamp(min=1.0)
+    # seq-mean-token-mean: sequences without any action token do not count.
+    per_seq_tokens = mask.sum(dim=1)
+    per_seq = (values * mask).sum(dim=1) / per_seq_tokens.clamp(min=1.0)
+    has_tokens = (per_seq_tokens > 0).to(values.dtype)
+    return (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1.0)
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
+    aggregation: Literal["token-mean", "seq-mean-token-mean"] = "token-mean",
+) -> LossOutput:
+    """Clipped policy-gradient loss per token, plus optional KL and entropy terms.
+
+    ``loss = agg(-min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A)
+    + kl_coef * KL_k3(pi || ref) - entropy_coef * H)`` over tokens where ``mask`` is 1.
+
+    Args:
+        logprobs: ``(B, T)`` log-probabilities of the taken tokens under the current policy
+            (with grad).
+        old_logprobs: ``(B, T)`` the same under the policy that sampled them (no grad).
+        advantages: ``(B,)`` one advantage per sequence (rows without one should be
+            dropped by the caller or given mask 0).
+        mask: ``(B, T)`` 1 for the agent's own tokens, 0 for prompt / observation / padding.
+        clip_eps: lower clip range; ``clip_eps_high`` the upper one (defaults to ``clip_eps``;
+            DAPO's clip-higher uses a larger value).
+        ref_logprobs: ``(B, T)`` under a frozen reference; required when ``kl_coef > 0``.
+        kl_coef: weight of the k3 estimator ``exp(ref - lp) - (ref - lp) - 1`` (>= 0, unbiased).
+        entropy: ``(B, T)`` per-token entropy of the current policy; required when
+            ``entropy_coef > 0``.
+        entropy_coef: weight of the entropy bonus.
+        aggregation: one of :data:`LOSS_AGGREGATIONS`.
+
+    Returns:
+        :class:`LossOutput` with metrics ``pg_loss``, ``kl``, ``entropy``, ``clip_frac``,
+        ``ratio_mean``, ``tokens``.
+    """
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be (B, T), got shape {tuple(logprobs.shape)}")
+    for name, t in (("old_logprobs", old_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs), ("entropy", entropy)):
+        if t is not None and t.shape != logprobs.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(logprobs.shape)} like logprobs")
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(f"advantages must have shape ({logprobs.shape[0]},), got {tuple(advantages.shape)}")
+    if aggregation not in LOSS_AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {LOSS_AGGREGATIONS}, got {aggregation!r}")
+    if kl_coef < 0 or entropy_coef < 0 or clip_eps <= 0:
+        raise ValueError(f"need kl_coef >= 0, entropy_coef >= 0, clip_eps > 0; got {kl_coef}, {entropy_coef}, {clip_eps}")
+    if kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("kl_coef > 0 needs ref_logprobs")
+    if entropy_coef > 0 and entropy is None:
+        raise ValueError("entropy_coef > 0 needs entropy")
+
+    mask = mask.to(logprobs.dtype)
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    adv = advantages.to(logprobs.dtype).unsqueeze(1)
+    # Masked positions may hold padding garbage: zero the log-ratio there so exp() stays finite.
+    log_ratio = (logprobs - old_logprobs.detach()) * mask
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high) * adv
+    pg = -torch.minimum(unclipped, clipped)
+    pg_loss = _aggregate(pg, mask, aggregation)
+    loss = pg_loss
+
+    metrics: dict[str, Any] = {"pg_loss": float(pg_loss.detach())}
+    if ref_logprobs is not None:
+        delta = (ref_logprobs.detach() - logprobs) * mask
+        kl = _aggregate(torch.exp(delta) - delta - 1.0, mask, aggregation)
+        if kl_coef > 0:
+            loss = loss + kl_coef * kl
+        metrics["kl"] = float(kl.detach())
+    if entropy is not None:
+        ent = _aggregate(entropy, mask, aggregation)
+        if entropy_coef > 0:
+            loss = loss - entropy_coef * ent
+        metrics["entropy"] = float(ent.detach())
+    with torch.no_grad():
+        tokens = mask.sum().clamp(min=1.0)
+        was_clipped = ((unclipped - clipped).abs() > 0).to(mask.dtype) * mask
+        metrics["clip_frac"] = float(was_clipped.sum() / tokens)
+        metrics["ratio_mean"] = float((ratio * mask).sum() / tokens)
+        metrics["tokens"] = float(mask.sum())
+    return LossOutput(loss, metrics)
+
+
+def concat_segments(segments: Sequence[tuple[Sequence[int], bool]]) -> tuple[list[int], list[int]]:
+    """Concatenate ``(tokens, is_action)`` segments into one sequence and its loss mask.
+
+    Multi-turn episodes alternate the env's observation tokens (mask 0: the agent did not
+    choose them) and the agent's actions (mask 1).
+
+    >>> concat_segments([([1, 2], False), ([3], True), ([4, 5], False), ([6, 7], True)])
+    ([1, 2, 3, 4, 5, 6, 7], [0, 0, 1, 0, 0, 1, 1])
+    """
+    ids: list[int] = []
+    mask: list[int] = []
+    for tokens, is_action in segments:
+        ids.extend(int(t) for t in tokens)
+        mask.extend([int(bool(is_action))] * len(tokens))
+    return ids, mask
