@@ -1,1 +1,58 @@
-"""(placeholder: filled by its issue)"""
+"""Executing untrusted solution code: the Executor protocol and its backends.
+
+A script runs as ``python3 main.py`` in a fresh work directory (its cwd, ``/sandbox``
+inside the sandbox) that holds read-only copies of the declared ``inputs``; the declared
+``outputs`` are read back if the script wrote them; everything else is thrown away.
+
+>>> from wmrl_envs.sandbox import default_executor, Limits                     # doctest: +SKIP
+>>> r = default_executor().run("print(6 * 7)", limits=Limits(wall_seconds=10))  # doctest: +SKIP
+>>> r.status, r.stdout_tail                                                    # doctest: +SKIP
+('ok', '42\\n')
+
+Backends: :class:`LocalExecutor` (bubblewrap + rlimits + non-root uid; the default) and
+:class:`DockerExecutor` (Docker engine; build its image once with
+``python -m wmrl_envs.sandbox.cli build-image``). :class:`ExecutorPool` runs batches.
+``WMRL_SANDBOX=docker`` makes :func:`default_executor` pick Docker.
+
+Classes: :class:`Limits`, :class:`ExecutionResult`, :class:`Executor`, :class:`Job`,
+:class:`LocalExecutor`, :class:`DockerExecutor`, :class:`ExecutorPool`,
+:class:`SandboxUnavailable`. Functions: :func:`default_executor`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from wmrl_envs.sandbox.base import STATUSES, ExecutionResult, Executor, Job, Limits, SandboxUnavailable
+from wmrl_envs.sandbox.docker_backend import DockerExecutor
+from wmrl_envs.sandbox.local import LocalExecutor
+from wmrl_envs.sandbox.pool import ExecutorPool
+
+__all__ = [
+    "STATUSES",
+    "Limits",
+    "ExecutionResult",
+    "Executor",
+    "Job",
+    "LocalExecutor",
+    "DockerExecutor",
+    "ExecutorPool",
+    "SandboxUnavailable",
+    "default_executor",
+]
+
+_BACKENDS = {"local": LocalExecutor, "docker": DockerExecutor}
+
+
+def default_executor(backend: str | None = None, **kwargs) -> Executor:
+    """The executor to use when the caller has no preference.
+
+    Args:
+        backend: ``"local"`` or ``"docker"``; ``None`` reads ``$WMRL_SANDBOX`` (default ``local``).
+        **kwargs: passed to the backend's constructor.
+    """
+    name = backend or os.environ.get("WMRL_SANDBOX", "local")
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown sandbox backend {name!r} (from {'argument' if backend else '$WMRL_SANDBOX'}); "
+                         f"choose one of {sorted(_BACKENDS)}")
+    return _BACKENDS[name](**kwargs)

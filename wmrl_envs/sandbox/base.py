@@ -1,0 +1,336 @@
+"""What every sandbox backend shares: limits, results, the protocol, and work-dir handling.
+
+A backend runs ``python3 main.py`` in a fresh work directory that holds copies of the
+declared inputs (read-only: root-owned, mode 0444) and reads back the declared outputs.
+Staging, output read-back, output capping and status classification live here so the
+local and Docker backends report the same thing for the same script.
+
+Classes: :class:`Limits`, :class:`ExecutionResult`, :class:`Executor`, :class:`Job`,
+:class:`SandboxUnavailable`, :class:`WorkDir`, :class:`OutputTail`.
+Constants: :data:`STATUSES`, :data:`SANDBOX_DIR`, :data:`DEFAULT_ENV`.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import re
+import shutil
+import signal
+import stat
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Mapping, Protocol, Sequence, runtime_checkable
+
+__all__ = [
+    "STATUSES",
+    "SANDBOX_DIR",
+    "DEFAULT_ENV",
+    "Limits",
+    "ExecutionResult",
+    "Executor",
+    "Job",
+    "SandboxUnavailable",
+    "WorkDir",
+    "OutputTail",
+    "classify_exit",
+]
+
+#: Every value :attr:`ExecutionResult.status` can take.
+STATUSES = ("ok", "error", "timeout", "killed_memory", "killed_limit")
+
+#: Where the work directory appears inside the sandbox (the script's cwd).
+SANDBOX_DIR = "/sandbox"
+
+#: Environment of the sandboxed script. One BLAS/OpenMP thread: threads count against the
+#: process limit and would make CPU time depend on the host's core count.
+DEFAULT_ENV: Mapping[str, str] = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONUNBUFFERED": "1",
+    "MPLCONFIGDIR": "/tmp",
+    "MPLBACKEND": "Agg",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+
+_SCRIPT_NAME = "main.py"
+
+
+class SandboxUnavailable(RuntimeError):
+    """The requested isolation cannot be provided here (missing bwrap, engine or image)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one run.
+
+    Attributes:
+        wall_seconds: wall-clock budget; the whole sandbox is killed after it (``timeout``).
+        cpu_seconds: CPU budget per process (``RLIMIT_CPU``); exceeding it is ``timeout``.
+        memory_bytes: memory cap. Local: ``RLIMIT_DATA`` per process (heap + anonymous
+            mappings; an allocation beyond it fails, usually as ``MemoryError``).
+            Docker: the container's cgroup limit (the OOM killer). Either way: ``killed_memory``.
+        max_processes: processes + threads the script may have at once (``RLIMIT_NPROC``
+            for a uid used by this run alone; Docker: ``pids_limit``). Hitting it: ``killed_limit``.
+        max_file_bytes: largest file the script may write (``RLIMIT_FSIZE``); ``killed_limit``.
+            Also the size of the private ``/tmp`` tmpfs.
+        max_output_bytes: stdout + stderr bytes together; the sandbox is killed when the
+            script prints more (``killed_limit``).
+        tail_bytes: how much of the end of stdout and of stderr is kept in the result.
+
+    >>> Limits(wall_seconds=5, memory_bytes=256 << 20).cpu_seconds
+    60.0
+    """
+
+    wall_seconds: float = 60.0
+    cpu_seconds: float = 60.0
+    memory_bytes: int = 2 << 30
+    max_processes: int = 64
+    max_file_bytes: int = 256 << 20
+    max_output_bytes: int = 1 << 20
+    tail_bytes: int = 8192
+
+    def __post_init__(self) -> None:
+        for name in ("wall_seconds", "cpu_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"Limits.{name} must be a positive number of seconds, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        for name, minimum in (("memory_bytes", 16 << 20), ("max_processes", 1), ("max_file_bytes", 1),
+                              ("max_output_bytes", 1), ("tail_bytes", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"Limits.{name} must be an int >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    """What happened when a script ran.
+
+    Attributes:
+        status: one of :data:`STATUSES`. ``ok``: exit code 0. ``error``: the script failed
+            by itself (non-zero exit, uncaught exception). ``timeout``: wall or CPU budget
+            exhausted. ``killed_memory``: memory cap hit. ``killed_limit``: output, file-size
+            or process cap hit.
+        returncode: exit code; negative signal number when killed by a signal; ``None``
+            when unknown.
+        stdout_tail, stderr_tail: the last ``Limits.tail_bytes`` of each stream (UTF-8,
+            undecodable bytes replaced).
+        wall_seconds: wall time from launch to exit (includes sandbox start-up).
+        cpu_seconds: user + system CPU time of the script and its children, ``None`` if unknown.
+        peak_rss_bytes: peak resident memory (largest process locally, the container's
+            cgroup under Docker), ``None`` if unknown.
+        files: requested outputs that the script produced (relative path -> content).
+        backend: which backend ran it (``local``, ``local-unsandboxed``, ``docker``).
+        reason: one line explaining a non-``ok`` status (empty for ``ok``).
+    """
+
+    status: str
+    returncode: int | None
+    stdout_tail: str
+    stderr_tail: str
+    wall_seconds: float
+    cpu_seconds: float | None
+    peak_rss_bytes: int | None
+    files: dict[str, bytes] = field(default_factory=dict)
+    backend: str = ""
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"ExecutionResult.status must be one of {STATUSES}, got {self.status!r}")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs an untrusted Python script under limits. Implementations must be thread-safe."""
+
+    def run(
+        self,
+        script: str,
+        *,
+        inputs: Mapping[str, str | os.PathLike] | None = None,
+        outputs: Sequence[str] = (),
+        limits: Limits | None = None,
+    ) -> ExecutionResult:
+        """Run ``script`` as ``python3 main.py`` in a fresh work dir; see :mod:`wmrl_envs.sandbox`."""
+        ...
+
+
+@dataclass(frozen=True)
+class Job:
+    """One unit of work for :class:`~wmrl_envs.sandbox.pool.ExecutorPool`: the arguments of ``run``."""
+
+    script: str
+    inputs: Mapping[str, str | os.PathLike] = field(default_factory=dict)
+    outputs: Sequence[str] = ()
+    limits: Limits | None = None
+
+
+def _relative_path(path: str, what: str) -> PurePosixPath:
+    """Validate a path that must stay inside the work dir."""
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{what} path must be a non-empty string, got {path!r}")
+    p = PurePosixPath(path)
+    if p.is_absolute() or any(part in ("..", "") for part in p.parts) or "\x00" in path:
+        raise ValueError(f"{what} path must be relative and stay inside the work dir, got {path!r}")
+    if p.parts == (".",) or str(p) == _SCRIPT_NAME:
+        raise ValueError(f"{what} path {path!r} is reserved (the script is {_SCRIPT_NAME})")
+    return p
+
+
+class WorkDir:
+    """A fresh host directory for one run, removed on :meth:`cleanup`.
+
+    Layout: ``<base>/wmrl-sbx-XXXX/`` (mode 0711, root) holding ``work/`` (owned by the
+    sandbox uid, mode 0700). Only ``work/`` is ever mounted into a sandbox. Inputs and
+    ``main.py`` are root-owned copies with mode 0444 inside it, so the script can read
+    but not change them.
+    """
+
+    def __init__(self, script: str, inputs: Mapping[str, str | os.PathLike] | None,
+                 outputs: Sequence[str], *, owner: tuple[int, int] | None, base_dir: str | None = None):
+        if not isinstance(script, str):
+            raise TypeError(f"script must be a str of Python source, got {type(script).__name__}")
+        if isinstance(outputs, str):
+            raise TypeError(f"outputs must be a sequence of paths, got the string {outputs!r}")
+        self.outputs = [str(_relative_path(o, "output")) for o in outputs]
+        staged = {str(_relative_path(rel, "input")): Path(src) for rel, src in (inputs or {}).items()}
+        for rel, src in staged.items():
+            if not src.exists():
+                raise FileNotFoundError(f"input {rel!r}: host path {str(src)!r} does not exist")
+        self.root = Path(tempfile.mkdtemp(prefix="wmrl-sbx-", dir=base_dir))
+        try:
+            os.chmod(self.root, 0o711)  # traversable (bwrap binds as the sandbox uid), not listable
+            self.path = self.root / "work"
+            self.path.mkdir(mode=0o700)
+            (self.path / _SCRIPT_NAME).write_text(script, encoding="utf-8")
+            for rel, src in staged.items():
+                dst = self.path / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                if src.is_dir():
+                    shutil.copytree(src, dst, symlinks=False)
+                else:
+                    shutil.copyfile(src, dst)
+            self._protect(self.path)
+            if owner is not None:
+                os.chown(self.path, *owner)
+        except BaseException:
+            self.cleanup()
+            raise
+
+    @staticmethod
+    def _protect(work: Path) -> None:
+        """Make every staged file read-only and every staged subdirectory non-writable."""
+        for dirpath, dirnames, filenames in os.walk(work):
+            for name in filenames:
+                os.chmod(os.path.join(dirpath, name), 0o444)
+            for name in dirnames:
+                os.chmod(os.path.join(dirpath, name), 0o555)
+
+    def read_outputs(self, max_bytes: int) -> dict[str, bytes]:
+        """Read requested outputs without following links the script may have planted."""
+        files: dict[str, bytes] = {}
+        for rel in self.outputs:
+            data = _read_regular_file(self.path, PurePosixPath(rel).parts, max_bytes)
+            if data is not None:
+                files[rel] = data
+        return files
+
+    def cleanup(self) -> None:
+        # rmtree unlinks symlinks instead of following them, and root ignores the modes
+        # the script may have set on its own files.
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _read_regular_file(base: Path, parts: tuple[str, ...], max_bytes: int) -> bytes | None:
+    """Read ``base/parts...`` only if every component is a real dir/regular file (no symlinks, FIFOs)."""
+    flags_dir = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    fds = [os.open(base, flags_dir)]
+    try:
+        for part in parts[:-1]:
+            fds.append(os.open(part, flags_dir, dir_fd=fds[-1]))
+        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fds[-1])
+        fds.append(fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(max_bytes)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
+            return None
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+class OutputTail:
+    """Counts bytes of one stream and keeps its last ``keep`` bytes."""
+
+    def __init__(self, keep: int):
+        self.keep = keep
+        self.total = 0
+        self._buf = bytearray()
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        if self.keep:
+            self._buf += chunk[-self.keep:]
+            del self._buf[:-self.keep]
+
+    def text(self) -> str:
+        return bytes(self._buf).decode("utf-8", errors="replace")
+
+
+# Last line of a Python traceback naming the limit that was hit. A script could print
+# these itself; it would only misreport its own failure, never hide one (the exit code
+# must be non-zero too).
+_MEMORY_RE = re.compile(r"^(MemoryError|numpy\.core\._exceptions\._ArrayMemoryError)\b|Cannot allocate memory|std::bad_alloc", re.M)
+_FSIZE_RE = re.compile(r"\[Errno 27\] File too large", re.M)
+_NPROC_RE = re.compile(r"^BlockingIOError: \[Errno 11\] Resource temporarily unavailable|can't start new thread", re.M)
+
+
+def classify_exit(returncode: int | None, stderr_tail: str, cpu_seconds: float | None,
+                  limits: Limits) -> tuple[str, str]:
+    """``(status, reason)`` of a script that exited by itself (the supervisor did not kill it).
+
+    ``returncode`` is negative for a signal death. CPU-limit deaths (SIGXCPU, or SIGKILL
+    once the CPU budget is spent) count as ``timeout``: a CPU budget is a time budget.
+    """
+    if returncode == 0:
+        return "ok", ""
+    sig = -returncode if returncode is not None and returncode < 0 else None
+    # rusage and the kernel's rlimit tick disagree by a few percent
+    cpu_exhausted = cpu_seconds is not None and cpu_seconds >= 0.9 * limits.cpu_seconds
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_exhausted):
+        return "timeout", f"CPU time limit of {limits.cpu_seconds:g} s exceeded"
+    if sig == signal.SIGXFSZ:
+        return "killed_limit", f"file size limit of {limits.max_file_bytes} bytes exceeded"
+    if _MEMORY_RE.search(stderr_tail):
+        return "killed_memory", f"memory limit of {limits.memory_bytes} bytes reached (allocation failed)"
+    if _FSIZE_RE.search(stderr_tail):
+        return "killed_limit", f"file size limit of {limits.max_file_bytes} bytes exceeded"
+    if _NPROC_RE.search(stderr_tail):
+        return "killed_limit", f"process limit of {limits.max_processes} reached (fork/thread creation failed)"
+    if sig is not None:
+        return "error", f"killed by signal {_signal_name(sig)}"
+    return "error", f"exited with code {returncode}"
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return str(sig)
