@@ -1,0 +1,318 @@
+"""Anchor groups: a thin, seeded stream of groups graded for real as well as by the world model.
+
+Groups are GRPO groups: ``n`` separate episodes (members) that share a task instance and
+the anchor decision. A member joins its group at reset::
+
+    env.reset(options={"task": ..., "group_id": g, "group_size": n})
+
+``group_size`` is consumed by this wrapper (not passed to the env); it tells the wrapper
+when a group is complete (all ``n`` members finished), which frees the group's
+concurrency slot and emits ``group_result`` for the calibration layer. Without it the
+wrapper's ``group_size`` default applies (single form: ``None`` = open-ended, the group
+never completes; vector form: the number of sub-envs reset together with that id). A
+reset without ``group_id`` (e.g. a plain SB3 loop, or a vector autoreset) makes the
+episode a singleton group with an id ``"auto-<k>"``. A reused id after its group
+completed is a new group. An episode abandoned by a reset before it ended counts as a
+finished member with unknown scores.
+
+Anchor members run the :class:`~wrappers.world_model.WorldModelWrapper` below in mode
+``"both"``, the others in ``"wm"``. The decision comes from an
+:class:`~wrappers.scheduling.AnchorScheduler`: trainers may decide a whole training step
+at once with :meth:`AnchorWrapper.begin_step`; otherwise decisions are made lazily at
+each new group's first reset.
+
+Classes: :class:`AnchorWrapper`, :class:`VectorAnchorWrapper`, :class:`GroupBook`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Iterable, Mapping
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import VectorEnv, VectorWrapper
+
+from wrappers._common import VectorSteps, find_wrapper, put_info, sub_info
+from wrappers.scheduling import AnchorScheduler, _key
+from wrappers.world_model import VectorWorldModelWrapper, WorldModelWrapper
+
+__all__ = ["AnchorWrapper", "VectorAnchorWrapper", "GroupBook"]
+
+
+class GroupBook:
+    """Membership of open groups: who joined, who finished with which scores.
+
+    >>> book = GroupBook()
+    >>> book.join("g", 2)
+    True
+    >>> book.join("g", 2), book.finish("g", 0.4, 0.5)
+    (False, None)
+    >>> book.finish("g", 0.6, 0.9)["true"]
+    [0.5, 0.9]
+    """
+
+    def __init__(self) -> None:
+        self._groups: dict[Hashable, dict[str, Any]] = {}
+
+    def __contains__(self, group_id: Hashable) -> bool:
+        return group_id in self._groups
+
+    def join(self, group_id: Hashable, size: int | None) -> bool:
+        """Add a member; returns True if this starts a new group."""
+        if size is not None and (not isinstance(size, (int, np.integer)) or size < 1):
+            raise ValueError(f"group_size must be an int >= 1 or None, got {size!r}")
+        group = self._groups.get(group_id)
+        if group is None:
+            self._groups[group_id] = {"size": None if size is None else int(size), "joined": 1, "calibrated": [], "true": []}
+            return True
+        if size is not None and group["size"] != size:
+            raise ValueError(f"group {group_id!r} was opened with group_size={group['size']}, now {size}")
+        if group["size"] is not None and group["joined"] >= group["size"]:
+            raise ValueError(f"group {group_id!r} already has its {group['size']} members")
+        group["joined"] += 1
+        return False
+
+    def finish(self, group_id: Hashable, calibrated: float | None, true: float | None) -> dict[str, Any] | None:
+        """Record a finished member; returns the group's result when it is complete (and closes it)."""
+        group = self._groups[group_id]
+        group["calibrated"].append(calibrated)
+        group["true"].append(true)
+        if group["size"] is None or len(group["true"]) < group["size"]:
+            return None
+        del self._groups[group_id]
+        return {"group_id": group_id, "calibrated": group["calibrated"], "true": group["true"]}
+
+    def state_dict(self) -> list[list[Any]]:
+        return [[gid, dict(g)] for gid, g in self._groups.items()]
+
+    def load_state_dict(self, state: Iterable[list[Any]]) -> None:
+        self._groups = {_key(gid): dict(g) for gid, g in state}
+
+
+@dataclass
+class _Member:
+    """The episode running in one slot (a single env has one slot; a vector env one per sub-env)."""
+
+    group_id: Hashable
+    anchor: bool
+    calibrated: float | None = None  # running max over graded turns (trajectory reward = max)
+    true: float | None = None
+
+
+def _max(a: float | None, b: float | None) -> float | None:
+    return a if b is None else (b if a is None else max(a, b))
+
+
+class _AnchorCore:
+    """Group bookkeeping and anchor decisions for any number of slots (both forms)."""
+
+    def __init__(self, scheduler: AnchorScheduler, num_slots: int, set_mode: Callable[[int, str], None]) -> None:
+        self.scheduler = scheduler
+        self.book = GroupBook()
+        self.members: list[_Member | None] = [None] * num_slots
+        self._set_mode = set_mode
+        self._auto = 0
+
+    def start(self, slot: int, group_id: Hashable | None, size: int | None) -> dict[str, Any]:
+        """A new episode in ``slot``; returns the info keys for its reset."""
+        if self.members[slot] is not None:  # abandoned before it ended
+            self._finish(slot)
+        if group_id is None:
+            group_id, size = f"auto-{self._auto}", 1
+            self._auto += 1
+        self.book.join(group_id, size)
+        anchor = self.scheduler.assign(group_id)
+        self.members[slot] = _Member(group_id, anchor)
+        self._set_mode(slot, "both" if anchor else "wm")
+        return {"group_id": group_id, "anchor": anchor, "anchor_fraction": self.scheduler.realized_fraction}
+
+    def step(self, slot: int, info: Mapping[str, Any], ended: bool) -> dict[str, Any]:
+        """Info keys for a step of ``slot``'s episode (``info``: what the layers below reported)."""
+        member = self.members[slot]
+        if member is None:
+            raise RuntimeError("AnchorWrapper: step before reset")
+        wm, cal, true = info.get("wm_score"), info.get("calibrated_score"), info.get("true_score")
+        member.calibrated = _max(member.calibrated, cal)
+        member.true = _max(member.true, true)
+        extra: dict[str, Any] = {
+            "group_id": member.group_id,
+            "anchor": member.anchor,
+            "anchor_pairs": [(wm, true)] if member.anchor and wm is not None and true is not None else [],
+            "anchor_fraction": self.scheduler.realized_fraction,
+        }
+        if ended:
+            result = self._finish(slot)
+            if result is not None:
+                extra["group_result"] = result
+        return extra
+
+    def _finish(self, slot: int) -> dict[str, Any] | None:
+        member = self.members[slot]
+        self.members[slot] = None
+        result = self.book.finish(member.group_id, member.calibrated, member.true)
+        if result is not None:
+            result["anchor"] = member.anchor
+            self.scheduler.release(member.group_id)
+        return result
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scheduler": self.scheduler.state_dict(), "groups": self.book.state_dict(), "auto": self._auto}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.book.load_state_dict(state["groups"])
+        self._auto = int(state["auto"])
+        self.members = [None] * len(self.members)  # episodes in flight died with the old process
+
+
+_INFO_DOC = """
+    Info keys added (reset: ``group_id``, ``anchor``, ``anchor_fraction``; every step also):
+
+    * ``group_id``: the member's group (``"auto-<k>"`` for a reset without one).
+    * ``anchor``: True if the group is an anchor group (graded for real, mode ``"both"``).
+    * ``anchor_pairs``: this step's ``[(wm_score, true_score)]`` on anchor groups when both
+      are known, else ``[]`` (``wm_score`` is the raw, uncalibrated world-model score).
+    * ``anchor_fraction``: realized fraction of anchor groups so far.
+    * ``group_result`` (only on the step that completes a group): ``{"group_id", "anchor",
+      "calibrated": [...], "true": [...]}``, one entry per member: its max calibrated
+      world-model score and max true score over its graded turns (``None`` if unknown).
+"""
+
+
+class _AnchorBase:
+    _core: _AnchorCore
+
+    @property
+    def scheduler(self) -> AnchorScheduler:
+        return self._core.scheduler
+
+    def begin_step(self, group_ids: Iterable[Hashable]) -> frozenset:
+        """Decide a training step's groups at once (see :meth:`AnchorScheduler.begin_step`)."""
+        return self._core.scheduler.begin_step(group_ids)
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state: the scheduler (RNG, counters, decisions) and open groups."""
+        return self._core.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._core.load_state_dict(state)
+
+
+class AnchorWrapper(_AnchorBase, gym.Wrapper):
+    __doc__ = (
+        """Marks a seeded share of GRPO groups as anchors, graded for real as well as by the world model.
+
+    Wrap a :class:`~wrappers.world_model.WorldModelWrapper` (directly or with other
+    wrappers between). See the module docstring for how groups are identified.
+
+    Args:
+        env: the stack below, containing a ``WorldModelWrapper``.
+        fraction, min_per_step, max_concurrent, seed, groups_per_step: the
+            :class:`~wrappers.scheduling.AnchorScheduler`'s (``fraction=0.10``,
+            ``min_per_step=1``, ``max_concurrent=None``, ``seed=0`` are the paper's defaults).
+        group_size: members per group when ``reset`` options do not say (``None``:
+            open-ended groups, which never complete).
+"""
+        + _INFO_DOC
+        + """
+    Example (``env`` an OutcomeSeam env, ``wm`` a world model)::
+
+        env = AnchorWrapper(WorldModelWrapper(env, wm), fraction=0.1, seed=0)
+        env.begin_step(range(32))                 # optional: decide a training step at once
+        obs, info = env.reset(options={"group_id": 3, "group_size": 8})
+        info["anchor"]                            # same for all 8 members of group 3
+"""
+    )
+
+    def __init__(
+        self,
+        env: gym.Env,
+        fraction: float = 0.10,
+        min_per_step: int = 1,
+        max_concurrent: int | None = None,
+        seed: int = 0,
+        groups_per_step: int | None = None,
+        group_size: int | None = None,
+    ) -> None:
+        super().__init__(env)
+        wm = find_wrapper(env, WorldModelWrapper, needed_by="AnchorWrapper")
+        scheduler = AnchorScheduler(fraction, min_per_step, max_concurrent, seed, groups_per_step)
+        self.group_size = group_size
+
+        def set_mode(_: int, mode: str) -> None:
+            wm.mode = mode
+
+        self._core = _AnchorCore(scheduler, 1, set_mode)
+        self._ended = True
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        options = dict(options or {})
+        size = options.pop("group_size", self.group_size)
+        extra = self._core.start(0, options.get("group_id"), size)
+        obs, info = self.env.reset(seed=seed, options=options)
+        return obs, {**info, **extra}
+
+    def step(self, action: Any):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        extra = self._core.step(0, info, bool(terminated or truncated))
+        return obs, reward, terminated, truncated, {**info, **extra}
+
+
+class VectorAnchorWrapper(_AnchorBase, VectorWrapper):
+    __doc__ = (
+        """The vector form of :class:`AnchorWrapper` (wraps a
+    :class:`~wrappers.world_model.VectorWorldModelWrapper`).
+
+    ``reset(options={"group_id": g, "group_size": n, "reset_mask": mask})``: the sub-envs
+    in ``mask`` (all without one) join group ``g``; ``group_size`` defaults to the number of
+    sub-envs reset together. To run several groups side by side, reset each group's
+    sub-envs with its own ``reset_mask`` call. Episodes begun by autoreset are singleton
+    groups ``"auto-<k>"``.
+
+    Args: as :class:`AnchorWrapper`, except ``group_size`` (see above).
+"""
+        + _INFO_DOC
+        + """
+    Keys are per sub-env with ``_key`` masks; with same-step autoreset the step keys of an
+    episode's last step are in ``info["final_info"]``.
+"""
+    )
+
+    def __init__(
+        self,
+        env: VectorEnv,
+        fraction: float = 0.10,
+        min_per_step: int = 1,
+        max_concurrent: int | None = None,
+        seed: int = 0,
+        groups_per_step: int | None = None,
+    ) -> None:
+        super().__init__(env)
+        wm = find_wrapper(env, VectorWorldModelWrapper, needed_by="VectorAnchorWrapper")
+        scheduler = AnchorScheduler(fraction, min_per_step, max_concurrent, seed, groups_per_step)
+        self._core = _AnchorCore(scheduler, self.num_envs, wm.set_mode)
+        self._steps = VectorSteps(env)
+
+    def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
+        options = dict(options or {})
+        mask = self._steps.on_reset(options.get("reset_mask"))
+        slots = np.flatnonzero(mask).tolist()
+        group_id = options.get("group_id")
+        size = options.pop("group_size", len(slots) if group_id is not None else None)
+        extras = {i: self._core.start(i, group_id, size) for i in slots}
+        obs, infos = self.env.reset(seed=seed, options=options)
+        for i, extra in extras.items():
+            put_info(infos, self.num_envs, i, extra)
+        return obs, infos
+
+    def step(self, actions: Any):
+        stepped = self._steps.stepped()
+        obs, rewards, terminated, truncated, infos = self.env.step(actions)
+        ended, restarted = self._steps.on_step(stepped, terminated, truncated)
+        for i in np.flatnonzero(stepped):
+            target = self._steps.step_info_target(infos, ended, i)
+            put_info(target, self.num_envs, i, self._core.step(i, sub_info(target, i), bool(ended[i])))
+        for i in np.flatnonzero(restarted):
+            put_info(infos, self.num_envs, i, self._core.start(i, None, None))
+        return obs, rewards, terminated, truncated, infos

@@ -1,0 +1,150 @@
+"""Online Debiasing: a monotone map from world-model scores to true scores.
+
+The map is an increasing isotonic regression (scikit-learn ``IsotonicRegression``,
+``out_of_bounds="clip"``) fitted on anchor pairs ``(raw wm_score, true_score)``. It is the
+identity until ``start_pairs`` pairs have arrived, then refitted every ``refit_every``
+new pairs on the last ``max_pairs`` pairs (FIFO), so it follows a drifting bias. The
+fitted map is stored as its breakpoints and applied by linear interpolation with clipped
+ends, which is exactly what ``IsotonicRegression.predict`` computes; this keeps the
+state JSON-serialisable and the map bit-identical after a resume.
+
+Classes: :class:`OnlineDebiaser`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+from sklearn.isotonic import IsotonicRegression
+
+__all__ = ["OnlineDebiaser"]
+
+_STATE_VERSION = 1
+
+
+class OnlineDebiaser:
+    """Isotonic calibration of world-model scores, refitted as anchor pairs arrive.
+
+    Args:
+        start_pairs: pairs needed before the first fit (identity until then).
+        refit_every: refit after this many new pairs since the last fit.
+        max_pairs: FIFO cap on the pairs kept.
+
+    Pairs with a ``None`` on either side are unknown and are skipped (counted in
+    :attr:`n_skipped`).
+
+    >>> d = OnlineDebiaser(start_pairs=3, refit_every=1)
+    >>> d.transform([0.2, None])
+    [0.2, None]
+    >>> d.add([(0.2, 0.0), (0.5, 0.5), (0.8, 1.0)])
+    True
+    >>> d.transform([0.5, 0.9])
+    [0.5, 1.0]
+    """
+
+    def __init__(self, start_pairs: int = 200, refit_every: int = 64, max_pairs: int = 5000) -> None:
+        for name, value in (("start_pairs", start_pairs), ("refit_every", refit_every), ("max_pairs", max_pairs)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if max_pairs < start_pairs:
+            raise ValueError(f"max_pairs ({max_pairs}) must be >= start_pairs ({start_pairs})")
+        self.start_pairs = start_pairs
+        self.refit_every = refit_every
+        self.max_pairs = max_pairs
+        self._pairs: deque[tuple[float, float]] = deque(maxlen=max_pairs)
+        self.n_seen = 0  # known pairs ever added (the FIFO keeps the last max_pairs)
+        self.n_skipped = 0
+        self.n_fits = 0
+        self._since_fit = 0
+        self._x: np.ndarray | None = None  # breakpoints of the fitted map
+        self._y: np.ndarray | None = None
+
+    @property
+    def fitted(self) -> bool:
+        """True once the map has been fitted (before that it is the identity)."""
+        return self._x is not None
+
+    @property
+    def pairs(self) -> list[tuple[float, float]]:
+        """The pairs currently kept, oldest first."""
+        return list(self._pairs)
+
+    def add(self, pairs: Iterable[Sequence[float | None]]) -> bool:
+        """Add ``(wm_score, true_score)`` pairs; refit when due. Returns True if it refitted."""
+        for pair in pairs:
+            if len(pair) != 2:
+                raise ValueError(f"a pair is (wm_score, true_score), got {pair!r}")
+            wm, true = pair
+            if wm is None or true is None:
+                self.n_skipped += 1
+                continue
+            for name, v in (("wm_score", wm), ("true_score", true)):
+                if not 0.0 <= float(v) <= 1.0:
+                    raise ValueError(f"pair {name} must be in [0, 1] or None, got {v!r}")
+            self._pairs.append((float(wm), float(true)))
+            self.n_seen += 1
+            self._since_fit += 1
+        due = (self.fitted and self._since_fit >= self.refit_every) or (
+            not self.fitted and len(self._pairs) >= self.start_pairs
+        )
+        if due:
+            self.refit()
+        return due
+
+    def refit(self) -> None:
+        """Fit the map on the kept pairs now."""
+        if not self._pairs:
+            raise ValueError("OnlineDebiaser.refit: no pairs to fit")
+        data = np.asarray(self._pairs, dtype=float)
+        iso = IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, out_of_bounds="clip")
+        iso.fit(data[:, 0], data[:, 1])
+        self._x = np.asarray(iso.X_thresholds_, dtype=float)
+        self._y = np.asarray(iso.y_thresholds_, dtype=float)
+        self.n_fits += 1
+        self._since_fit = 0
+
+    def transform(self, scores: Sequence[float | None]) -> list[float | None]:
+        """Calibrated scores (identity before the first fit; ``None`` stays ``None``)."""
+        out: list[float | None] = [None if s is None else float(s) for s in scores]
+        if not self.fitted:
+            return out
+        known = [i for i, s in enumerate(out) if s is not None]
+        if known:
+            mapped = np.interp([out[i] for i in known], self._x, self._y)
+            for i, v in zip(known, np.clip(mapped, 0.0, 1.0).tolist()):
+                out[i] = v
+        return out
+
+    def __call__(self, scores: Sequence[float | None]) -> list[float | None]:
+        return self.transform(scores)
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state: config, kept pairs, counters and the fitted map."""
+        return {
+            "version": _STATE_VERSION,
+            "config": {"start_pairs": self.start_pairs, "refit_every": self.refit_every, "max_pairs": self.max_pairs},
+            "pairs": [list(p) for p in self._pairs],
+            "n_seen": self.n_seen,
+            "n_skipped": self.n_skipped,
+            "n_fits": self.n_fits,
+            "since_fit": self._since_fit,
+            "map": None if self._x is None else {"x": self._x.tolist(), "y": self._y.tolist()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (the config must match)."""
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"OnlineDebiaser state version {state.get('version')!r} != {_STATE_VERSION}")
+        mine = self.state_dict()["config"]
+        if state["config"] != mine:
+            raise ValueError(f"OnlineDebiaser config mismatch: saved {state['config']!r}, this one {mine!r}")
+        self._pairs = deque(((float(a), float(b)) for a, b in state["pairs"]), maxlen=self.max_pairs)
+        self.n_seen = int(state["n_seen"])
+        self.n_skipped = int(state["n_skipped"])
+        self.n_fits = int(state["n_fits"])
+        self._since_fit = int(state["since_fit"])
+        fitted_map = state["map"]
+        self._x = None if fitted_map is None else np.asarray(fitted_map["x"], dtype=float)
+        self._y = None if fitted_map is None else np.asarray(fitted_map["y"], dtype=float)

@@ -1,0 +1,198 @@
+"""Which GRPO groups are anchors: graded for real as well as by the world model.
+
+A *step* is a training step, i.e. a batch of groups. Per step the scheduler picks about
+``fraction`` of the groups, at least ``min_per_step`` (when ``fraction > 0``), and never
+lets more than ``max_concurrent`` anchor groups be open at once. The count per step is
+rounded by error diffusion (the running deficit is carried over and rounded
+stochastically), so the realized fraction tracks the target over a run instead of merely
+in expectation. Everything is driven by one seeded generator: the same seed and the same
+sequence of steps give the same anchors.
+
+Trainers call :meth:`AnchorScheduler.begin_step` with the step's group ids; wrappers that
+see groups one reset at a time call :meth:`AnchorScheduler.assign`, which takes decisions
+made by ``begin_step`` or else plans lazily (see ``groups_per_step``).
+
+Classes: :class:`AnchorScheduler`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Hashable, Iterable
+
+import numpy as np
+
+__all__ = ["AnchorScheduler"]
+
+_STATE_VERSION = 1
+
+
+class AnchorScheduler:
+    """Seeded anchor-group selection with a target fraction, a per-step floor and a concurrency cap.
+
+    Args:
+        fraction: target share of groups that are anchors, in [0, 1]. ``0`` disables
+            anchors entirely (the floor too); ``1`` makes every group an anchor.
+        min_per_step: floor on anchors per step when ``fraction > 0`` (capped by the
+            number of groups in the step). The concurrency cap wins over the floor.
+        max_concurrent: most anchor groups open at once (decided and not yet
+            :meth:`release`-d); ``None`` means no cap.
+        seed: seed of the generator behind every decision.
+        groups_per_step: for lazy use through :meth:`assign`: plan this many group slots
+            at a time as one step (floor and cap apply per plan). ``None``: decide group by
+            group, by error diffusion, without the floor.
+
+    Group ids must be JSON-serialisable scalars (``int`` / ``str``) for :meth:`state_dict`.
+
+    >>> s = AnchorScheduler(fraction=0.25, seed=0)
+    >>> len(s.begin_step(range(8)))
+    2
+    >>> s.realized_fraction
+    0.25
+    """
+
+    def __init__(
+        self,
+        fraction: float = 0.10,
+        min_per_step: int = 1,
+        max_concurrent: int | None = None,
+        seed: int = 0,
+        groups_per_step: int | None = None,
+    ) -> None:
+        if not isinstance(fraction, (int, float)) or math.isnan(fraction) or not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"fraction must be a number in [0, 1], got {fraction!r}")
+        if not isinstance(min_per_step, int) or min_per_step < 0:
+            raise ValueError(f"min_per_step must be an int >= 0, got {min_per_step!r}")
+        if max_concurrent is not None and (not isinstance(max_concurrent, int) or max_concurrent < 1):
+            raise ValueError(f"max_concurrent must be None or an int >= 1, got {max_concurrent!r}")
+        if groups_per_step is not None and (not isinstance(groups_per_step, int) or groups_per_step < 1):
+            raise ValueError(f"groups_per_step must be None or an int >= 1, got {groups_per_step!r}")
+        self.fraction = float(fraction)
+        self.min_per_step = min_per_step
+        self.max_concurrent = max_concurrent
+        self.seed = seed
+        self.groups_per_step = groups_per_step
+        self._rng = np.random.Generator(np.random.PCG64(seed))
+        self.n_groups = 0
+        self.n_anchors = 0
+        self.n_steps = 0
+        self._decisions: dict[Hashable, bool] = {}
+        self._open: set[Hashable] = set()
+        self._plan: list[bool] = []  # lazy slots not yet given to a group
+
+    # -- decisions -----------------------------------------------------------------
+
+    @property
+    def realized_fraction(self) -> float | None:
+        """Anchors / groups decided so far (``None`` before any group)."""
+        return self.n_anchors / self.n_groups if self.n_groups else None
+
+    @property
+    def open_anchors(self) -> int:
+        """Anchor groups decided and not yet released."""
+        return len(self._open)
+
+    def begin_step(self, group_ids: Iterable[Hashable]) -> frozenset:
+        """Decide a training step's groups at once; returns the anchor group ids.
+
+        An id decided earlier is re-decided (a reused id is a new group); if it was an
+        open anchor it is released first. Any lazy plan in progress is dropped.
+        """
+        ids = list(group_ids)
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"begin_step: group ids must be distinct within a step, got {ids!r}")
+        for gid in ids:
+            self.release(gid)
+        self._plan = []
+        slots = self._choose(len(ids), floor=True)
+        anchors = frozenset(gid for gid, is_anchor in zip(ids, slots) if is_anchor)
+        for gid, is_anchor in zip(ids, slots):
+            self._record(gid, is_anchor)
+        return anchors
+
+    def assign(self, group_id: Hashable) -> bool:
+        """The decision for ``group_id``: an earlier one if it exists, else the next lazy slot."""
+        if group_id in self._decisions:
+            return self._decisions[group_id]
+        if not self._plan:
+            self._plan = self._choose(self.groups_per_step or 1, floor=self.groups_per_step is not None)
+        is_anchor = self._plan.pop(0)
+        if is_anchor and self.max_concurrent is not None and len(self._open) >= self.max_concurrent:
+            is_anchor = False  # only possible after a begin_step filled the slots this plan counted on
+        self._record(group_id, is_anchor)
+        return is_anchor
+
+    def decision(self, group_id: Hashable) -> bool | None:
+        """The decision for ``group_id``, or ``None`` if it has none (not decided or released)."""
+        return self._decisions.get(group_id)
+
+    def release(self, group_id: Hashable) -> None:
+        """Forget a finished group; frees its concurrency slot if it was an anchor."""
+        self._decisions.pop(group_id, None)
+        self._open.discard(group_id)
+
+    def _record(self, group_id: Hashable, is_anchor: bool) -> None:
+        self._decisions[group_id] = is_anchor
+        self.n_groups += 1
+        if is_anchor:
+            self.n_anchors += 1
+            self._open.add(group_id)
+
+    def _choose(self, n: int, *, floor: bool) -> list[bool]:
+        """Anchor flags for ``n`` group slots (one step)."""
+        self.n_steps += 1
+        if n == 0 or self.fraction == 0.0:
+            return [False] * n
+        # Error diffusion: aim at the cumulative target, so earlier rounding (and the floor
+        # or the cap) is paid back in later steps.
+        target = self.fraction * (self.n_groups + n) - self.n_anchors
+        count = int(math.floor(target + self._rng.random()))
+        count = min(max(count, 0), n)
+        if floor:
+            count = max(count, min(self.min_per_step, n))
+        if self.max_concurrent is not None:
+            count = min(count, max(self.max_concurrent - len(self._open), 0))
+        chosen = set(self._rng.permutation(n)[:count].tolist())
+        return [i in chosen for i in range(n)]
+
+    # -- persistence ---------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state: generator, counters, open decisions, lazy plan."""
+        return {
+            "version": _STATE_VERSION,
+            "config": {
+                "fraction": self.fraction,
+                "min_per_step": self.min_per_step,
+                "max_concurrent": self.max_concurrent,
+                "seed": self.seed,
+                "groups_per_step": self.groups_per_step,
+            },
+            "rng": self._rng.bit_generator.state,
+            "n_groups": self.n_groups,
+            "n_anchors": self.n_anchors,
+            "n_steps": self.n_steps,
+            "decisions": [[gid, flag] for gid, flag in self._decisions.items()],
+            "open": list(self._open),
+            "plan": list(self._plan),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (the config must match this scheduler's)."""
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"AnchorScheduler state version {state.get('version')!r} != {_STATE_VERSION}")
+        mine = self.state_dict()["config"]
+        if state["config"] != mine:
+            raise ValueError(f"AnchorScheduler config mismatch: saved {state['config']!r}, this one {mine!r}")
+        self._rng.bit_generator.state = state["rng"]
+        self.n_groups = int(state["n_groups"])
+        self.n_anchors = int(state["n_anchors"])
+        self.n_steps = int(state["n_steps"])
+        self._decisions = {_key(gid): bool(flag) for gid, flag in state["decisions"]}
+        self._open = {_key(gid) for gid in state["open"]}
+        self._plan = [bool(x) for x in state["plan"]]
+
+
+def _key(gid: Any) -> Hashable:
+    # JSON turns tuples into lists; group ids are scalars, but keep lists hashable anyway.
+    return tuple(gid) if isinstance(gid, list) else gid
