@@ -1,0 +1,119 @@
+"""``wmrl-wm``: fit code-outcome world models from execution logs and report their fidelity.
+
+::
+
+    wmrl-wm fit --logs a.jsonl b.jsonl --out model_dir [--split train] [--max-iter 200]
+    wmrl-wm fidelity --model model_dir|default --logs held_out.jsonl [--split test] [--markdown out.md]
+    wmrl-wm update --model model_dir --logs anchors.jsonl --out model_dir2
+
+``--split`` keeps only records whose task belongs to that catalog split: the record's
+``context["split"]`` when present, else the AutoResearch catalog's split of its task.
+``python -m wmrl_envs.world_models.cli`` is the same command.
+
+Functions: :func:`main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from wmrl_envs.world_models.code_outcome import CodeOutcomeConfig, CodeOutcomeModel
+from wmrl_envs.world_models.fidelity import evaluate_fidelity
+from wmrl_envs.world_models.logs import LogRecord, read_logs
+
+__all__ = ["main"]
+
+
+def _catalog_split(task_id: str) -> str | None:
+    try:
+        from wmrl_envs.autoresearch.tasks import get_task
+
+        return get_task(task_id).split
+    except (ImportError, ValueError, FileNotFoundError):
+        return None
+
+
+def _select(records: list[LogRecord], split: str | None) -> list[LogRecord]:
+    if split is None:
+        return records
+    cache: dict[str, str | None] = {}
+    out = []
+    for r in records:
+        s = r.context.get("split")
+        if not isinstance(s, str):
+            if r.task_id not in cache:
+                cache[r.task_id] = _catalog_split(r.task_id)
+            s = cache[r.task_id]
+        if s == split:
+            out.append(r)
+    if not out:
+        raise SystemExit(f"no records of split {split!r} among {len(records)} (tasks: {sorted({r.task_id for r in records})[:10]} ...)")
+    return out
+
+
+def _load_model(spec: str) -> CodeOutcomeModel:
+    return CodeOutcomeModel.load_default() if spec == "default" else CodeOutcomeModel.load(spec)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="wmrl-wm", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    fit = sub.add_parser("fit", help="fit a CodeOutcomeModel on execution logs")
+    fit.add_argument("--logs", nargs="+", required=True, help="JSONL execution logs")
+    fit.add_argument("--out", required=True, help="output model directory")
+    fit.add_argument("--split", help="keep only tasks of this catalog split (train/test)")
+    for f in ("n_hash", "max_iter", "max_leaf_nodes", "min_samples_leaf", "seed"):
+        fit.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(CodeOutcomeConfig, f))
+    for f in ("learning_rate", "l2_regularization", "anchor_weight"):
+        fit.add_argument("--" + f.replace("_", "-"), type=float, default=getattr(CodeOutcomeConfig, f))
+    fit.add_argument("--no-training-data", action="store_true", help="do not store the training matrix (smaller file; no update)")
+    fid = sub.add_parser("fidelity", help="fidelity report of a model on held-out logs")
+    fid.add_argument("--model", required=True, help="model directory, or 'default' for the shipped model")
+    fid.add_argument("--logs", nargs="+", required=True)
+    fid.add_argument("--split", help="keep only tasks of this catalog split")
+    fid.add_argument("--calibration-fraction", type=float, default=0.5)
+    fid.add_argument("--seed", type=int, default=0)
+    fid.add_argument("--markdown", help="also write the Markdown table here")
+    fid.add_argument("--json", help="also write the report as JSON here")
+    upd = sub.add_parser("update", help="refit a model with extra logs (e.g. anchor outcomes)")
+    upd.add_argument("--model", required=True)
+    upd.add_argument("--logs", nargs="+", required=True)
+    upd.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+
+    if args.command == "fit":
+        records = _select(read_logs(args.logs), args.split)
+        config = CodeOutcomeConfig(
+            n_hash=args.n_hash, max_iter=args.max_iter, learning_rate=args.learning_rate,
+            max_leaf_nodes=args.max_leaf_nodes, min_samples_leaf=args.min_samples_leaf,
+            l2_regularization=args.l2_regularization, anchor_weight=args.anchor_weight,
+            keep_training_data=not args.no_training_data, seed=args.seed,
+        )  # fmt: skip
+        model = CodeOutcomeModel(config).fit(records)
+        model.info["training_logs"] = [Path(p).name for p in args.logs]
+        model.info["training_split"] = args.split
+        out = model.save(args.out)
+        print(f"fitted on {model.info['n_used']} of {len(records)} records ({model.info['n_tasks']} tasks); saved to {out}")
+        print(json.dumps(model.info["status_counts"]))
+    elif args.command == "fidelity":
+        model = _load_model(args.model)
+        records = _select(read_logs(args.logs), args.split)
+        report = evaluate_fidelity(model, records, calibration_fraction=args.calibration_fraction, seed=args.seed, name=f"CodeOutcomeModel ({args.model})", progress=True)
+        table = report.to_markdown()
+        print(table)
+        if args.markdown:
+            Path(args.markdown).write_text(table + "\n")
+        if args.json:
+            Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    else:
+        model = _load_model(args.model).update(read_logs(args.logs))
+        print(f"refitted on {model.info['n_used']} records; saved to {model.save(args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

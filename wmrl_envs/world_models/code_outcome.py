@@ -1,0 +1,337 @@
+"""A learned, CPU-fast world model of code outcomes, trained on execution logs.
+
+:class:`CodeOutcomeModel` predicts what running an AutoResearch solution would give:
+
+1. a deterministic **compile gate** — a script ``compile`` rejects is ``syntax_error``
+   with score exactly 0.0 (no learning involved);
+2. a **status classifier** (gradient-boosted trees) over :class:`ScriptFeaturizer`
+   features of (task context, script): ``runtime_error`` / ``timeout`` /
+   ``no_submission`` / ``valid`` (whatever statuses the logs contain);
+3. a **percentile regressor** trained on the ``valid`` outcomes;
+
+and turns them into a reward-scale score with the reward ladder (``valid`` scores
+``0.5 + 0.5 * percentile``). With ``score_mode="expected"`` (default) the score is the
+expectation of the ladder under the predicted status probabilities — smooth, which is what
+isotonic calibration and group-relative advantages want; ``"argmax"`` scores the most
+likely status only. The status of the returned :class:`Outcome` is always the most likely
+one; the probabilities are in ``metrics["p_status"]``.
+
+Persistence: :meth:`CodeOutcomeModel.save` writes ``model.joblib`` (the fitted
+scikit-learn estimators and, optionally, the training matrix for :meth:`~CodeOutcomeModel.update`)
+plus a human-readable ``meta.json``. ``joblib`` files are pickles: load only files you trust
+(the shipped default model, or ones you fitted).
+
+Classes: :class:`CodeOutcomeConfig`, :class:`CodeOutcomeModel`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+import joblib
+import numpy as np
+import sklearn
+from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+
+from wmrl_envs.outcome import Outcome
+from wmrl_envs.world_models.base import LADDER, check_batch, compile_gate, ladder_score
+from wmrl_envs.world_models.features import ScriptFeaturizer, ScriptSummary
+from wmrl_envs.world_models.logs import LogRecord
+
+__all__ = ["CodeOutcomeConfig", "CodeOutcomeModel", "DEFAULT_MODEL_DIR", "percentile_of"]
+
+#: Where the fitted default model ships (package data).
+DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
+_FORMAT_VERSION = 1
+
+
+@dataclass
+class CodeOutcomeConfig:
+    """Settings of :class:`CodeOutcomeModel`.
+
+    Attributes:
+        n_hash: hashed token columns of the featurizer (default 256).
+        max_iter: boosting rounds of each tree ensemble (default 200).
+        learning_rate: boosting learning rate (default 0.05).
+        max_leaf_nodes: leaves per tree (default 15).
+        min_samples_leaf: minimum samples per leaf (default 10).
+        l2_regularization: L2 penalty on leaf values (default 1.0).
+        score_mode: ``"expected"`` (ladder expectation under status probabilities, default)
+            or ``"argmax"`` (ladder score of the most likely status).
+        anchor_weight: sample weight of records whose ``origin`` is ``"anchor"`` relative
+            to other records (default 1.0): raise it to let a few fresh real outcomes count more.
+        keep_training_data: store the feature matrix so :meth:`CodeOutcomeModel.update` can
+            refit with extra logs (default True).
+        seed: random seed of the tree ensembles (default 0).
+    """
+
+    n_hash: int = 256
+    max_iter: int = 200
+    learning_rate: float = 0.05
+    max_leaf_nodes: int = 15
+    min_samples_leaf: int = 10
+    l2_regularization: float = 1.0
+    score_mode: Literal["expected", "argmax"] = "expected"
+    anchor_weight: float = 1.0
+    keep_training_data: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.score_mode not in ("expected", "argmax"):
+            raise ValueError(f"score_mode must be 'expected' or 'argmax', got {self.score_mode!r}")
+        if self.anchor_weight <= 0:
+            raise ValueError(f"anchor_weight must be > 0, got {self.anchor_weight}")
+
+
+def percentile_of(outcome: Outcome) -> float | None:
+    """Leaderboard percentile of a ``valid`` outcome (``metrics["percentile"]``, else from the score)."""
+    if outcome.status != "valid":
+        return None
+    p = outcome.metrics.get("percentile") if isinstance(outcome.metrics, Mapping) else None
+    if isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p):
+        return min(1.0, max(0.0, float(p)))
+    if outcome.score is None:
+        return None
+    return min(1.0, max(0.0, (outcome.score - 0.5) / 0.5))
+
+
+class CodeOutcomeModel:
+    """World model: (task context, script) -> predicted :class:`Outcome` (``source="wm"``).
+
+    >>> from wmrl_envs.world_models.logs import LogRecord
+    >>> from wmrl_envs.outcome import Outcome
+    >>> ok = "import pandas as pd\\npd.read_csv('data/test.csv').to_csv('submission.csv')"
+    >>> recs = [LogRecord("t", ok if i % 2 else "import xgboost", {"task_type": "binary"},
+    ...         Outcome("valid", 0.5 + i / 80) if i % 2 else Outcome("runtime_error", 0.1)) for i in range(40)]
+    >>> wm = CodeOutcomeModel(CodeOutcomeConfig(max_iter=20, min_samples_leaf=2)).fit(recs)
+    >>> [o.status for o in wm.predict([{"task_type": "binary"}] * 2, [ok, "print(("])]
+    ['valid', 'syntax_error']
+    """
+
+    def __init__(self, config: CodeOutcomeConfig | None = None) -> None:
+        self.config = config or CodeOutcomeConfig()
+        self.featurizer = ScriptFeaturizer(n_hash=self.config.n_hash)
+        self.classes_: list[str] = []
+        self._classifier: HistGradientBoostingClassifier | None = None
+        self._regressor: HistGradientBoostingRegressor | None = None
+        self._cls_cols: np.ndarray | None = None  # boolean column masks of the two models
+        self._reg_cols: np.ndarray | None = None
+        self._constant_percentile: float | None = None
+        self._train: dict[str, np.ndarray] | None = None
+        self.info: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ fitting
+    @property
+    def fitted(self) -> bool:
+        return bool(self.classes_)
+
+    def fit(self, records: Sequence[LogRecord]) -> "CodeOutcomeModel":
+        """Fit on execution-log records (compile failures and unknown outcomes are left out:
+        the compile gate handles the former exactly and the latter carry no label)."""
+        usable = [r for r in records if r.outcome.score is not None and compile_gate(r.code) is None]
+        if not usable:
+            raise ValueError(f"no usable records among {len(records)}: every one failed to compile or had an unknown outcome")
+        self.featurizer = ScriptFeaturizer(n_hash=self.config.n_hash).fit([r.context for r in usable], [r.code for r in usable])
+        X = self.featurizer.transform([r.context for r in usable], [r.code for r in usable])
+        status = np.array([r.outcome.status for r in usable])
+        pct = np.array([np.nan if (p := percentile_of(r.outcome)) is None else p for r in usable], dtype=np.float64)
+        weight = np.array([self.config.anchor_weight if r.origin == "anchor" else 1.0 for r in usable])
+        self._fit_arrays(X, status, pct, weight)
+        self.info = {
+            "n_records": len(records),
+            "n_used": len(usable),
+            "n_tasks": len({r.task_id for r in usable}),
+            "status_counts": {s: int((status == s).sum()) for s in self.classes_},
+        }
+        return self
+
+    def update(self, records: Sequence[LogRecord]) -> "CodeOutcomeModel":
+        """Refit on the stored training data plus ``records`` (e.g. fresh anchor outcomes).
+
+        The featurizer's context keys stay fixed so old and new rows share columns.
+        Needs a model fitted with ``keep_training_data=True``.
+        """
+        if self._train is None:
+            raise RuntimeError("update needs the training data: fit (or load) a model with keep_training_data=True first")
+        usable = [r for r in records if r.outcome.score is not None and compile_gate(r.code) is None]
+        if not usable:
+            return self
+        X = self.featurizer.transform([r.context for r in usable], [r.code for r in usable])
+        status = np.array([r.outcome.status for r in usable])
+        pct = np.array([np.nan if (p := percentile_of(r.outcome)) is None else p for r in usable], dtype=np.float64)
+        weight = np.array([self.config.anchor_weight if r.origin == "anchor" else 1.0 for r in usable])
+        t = self._train
+        self._fit_arrays(
+            np.vstack([t["X"], X]),
+            np.concatenate([t["status"], status]),
+            np.concatenate([t["pct"], pct]),
+            np.concatenate([t["weight"], weight]),
+        )
+        self.info["n_used"] = len(self._train["status"])
+        self.info["n_updates"] = self.info.get("n_updates", 0) + 1
+        return self
+
+    def _tree_kwargs(self) -> dict[str, Any]:
+        c = self.config
+        return dict(
+            max_iter=c.max_iter, learning_rate=c.learning_rate, max_leaf_nodes=c.max_leaf_nodes,
+            min_samples_leaf=c.min_samples_leaf, l2_regularization=c.l2_regularization,
+            early_stopping=False, random_state=c.seed,
+        )  # fmt: skip
+
+    def _fit_arrays(self, X: np.ndarray, status: np.ndarray, pct: np.ndarray, weight: np.ndarray) -> None:
+        self.classes_ = sorted(set(status.tolist()))
+        self._classifier, self._cls_cols = None, None
+        if len(self.classes_) > 1:
+            # Columns never observed (all NaN) are dropped: they carry nothing and
+            # scikit-learn's binning rejects them.
+            self._cls_cols = ~np.isnan(X).all(axis=0)
+            self._classifier = HistGradientBoostingClassifier(**self._tree_kwargs()).fit(X[:, self._cls_cols], status, sample_weight=weight)
+        valid = ~np.isnan(pct)
+        self._regressor, self._reg_cols, self._constant_percentile = None, None, None
+        if valid.sum() >= 2 * self.config.min_samples_leaf:
+            Xv = X[valid]
+            self._reg_cols = ~np.isnan(Xv).all(axis=0)
+            self._regressor = HistGradientBoostingRegressor(**self._tree_kwargs()).fit(Xv[:, self._reg_cols], pct[valid], sample_weight=weight[valid])
+        elif valid.any():
+            self._constant_percentile = float(np.average(pct[valid], weights=weight[valid]))
+        self._train = {"X": X, "status": status, "pct": pct, "weight": weight} if self.config.keep_training_data else None
+
+    # --------------------------------------------------------------- prediction
+    def predict_proba(self, contexts: Sequence[Mapping[str, Any]], actions: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(status probabilities ``[n, len(classes_)]``, valid-percentile predictions ``[n]``)
+        of scripts assumed to compile (no gate applied here)."""
+        if not self.fitted:
+            raise RuntimeError("CodeOutcomeModel is not fitted: call fit(records) or load(path)")
+        check_batch(contexts, actions)
+        X = self.featurizer.transform(contexts, actions)
+        return self._proba(X), self._percentile(X)
+
+    def _proba(self, X: np.ndarray) -> np.ndarray:
+        if self._classifier is None:
+            return np.ones((len(X), 1))
+        return self._classifier.predict_proba(X[:, self._cls_cols])
+
+    def _percentile(self, X: np.ndarray) -> np.ndarray:
+        if self._regressor is not None:
+            return np.clip(self._regressor.predict(X[:, self._reg_cols]), 0.0, 1.0)
+        return np.full(len(X), np.nan if self._constant_percentile is None else self._constant_percentile)
+
+    def predict(self, contexts: Sequence[Mapping[str, Any]], actions: Sequence[Any]) -> list[Outcome | None]:
+        """Predicted outcomes, one per (context, script); ``None`` where the model cannot
+        score (a ``valid`` prediction while the logs held no valid outcome to learn from)."""
+        if not self.fitted:
+            raise RuntimeError("CodeOutcomeModel is not fitted: call fit(records) or load(path)")
+        check_batch(contexts, actions)
+        start = time.perf_counter()
+        out: list[Outcome | None] = [None] * len(actions)
+        gated = [compile_gate(a) for a in actions]
+        todo = [i for i, g in enumerate(gated) if g is None]
+        if todo:
+            ctx = [contexts[i] for i in todo]
+            codes = [actions[i] for i in todo]
+            summaries = self.featurizer.summaries(ctx, codes)
+            X = self.featurizer.transform(ctx, codes, summaries)
+            proba, pct = self._proba(X), self._percentile(X)
+            for row, i in enumerate(todo):
+                out[i] = self._outcome(proba[row], pct[row], summaries[row])
+        cost = (time.perf_counter() - start) / max(1, len(actions))
+        for i, g in enumerate(gated):
+            if g is not None:
+                out[i] = g
+        return [None if o is None else _with_cost(o, cost) for o in out]
+
+    def _outcome(self, proba: np.ndarray, pct: float, summary: ScriptSummary) -> Outcome | None:
+        p = {s: float(q) for s, q in zip(self.classes_, proba)}
+        status = max(p, key=p.get)
+        pct_known = not math.isnan(pct)
+        if self.config.score_mode == "argmax":
+            score = ladder_score(status, pct if pct_known else None)
+        elif "valid" in p and not pct_known:
+            score = None
+        else:
+            score = sum(q * (ladder_score(s, pct) if s == "valid" else LADDER[s]) for s, q in p.items())
+        if score is None:
+            return None
+        metrics: dict[str, Any] = {"p_status": p}
+        if pct_known:
+            metrics["percentile"] = float(pct)
+        return Outcome(status, min(1.0, max(0.0, score)), feedback=_feedback(status, p[status], pct if pct_known else None, summary), metrics=metrics, source="wm")
+
+    # ------------------------------------------------------------- persistence
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": _FORMAT_VERSION,
+            "sklearn_version": sklearn.__version__,
+            "config": asdict(self.config),
+            "featurizer": self.featurizer.state_dict(),
+            "classes": list(self.classes_),
+            "classifier": self._classifier,
+            "regressor": self._regressor,
+            "columns": (self._cls_cols, self._reg_cols),
+            "constant_percentile": self._constant_percentile,
+            "train": self._train,
+            "info": self.info,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``model.joblib`` + ``meta.json`` into directory ``path`` (created)."""
+        if not self.fitted:
+            raise RuntimeError("cannot save an unfitted CodeOutcomeModel")
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        joblib.dump(self.state_dict(), path / "model.joblib", compress=3)
+        meta = {k: v for k, v in self.state_dict().items() if k not in ("classifier", "regressor", "columns", "train")}
+        (path / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CodeOutcomeModel":
+        """Load a model saved by :meth:`save` (a pickle: only from trusted sources)."""
+        file = Path(path) / "model.joblib"
+        if not file.is_file():
+            raise FileNotFoundError(f"{path} holds no CodeOutcomeModel ({file.name} missing)")
+        d = joblib.load(file)
+        if d.get("format_version") != _FORMAT_VERSION:
+            raise ValueError(f"{file}: format version {d.get('format_version')!r}, this code reads {_FORMAT_VERSION}")
+        if d["sklearn_version"] != sklearn.__version__:
+            warnings.warn(f"{file} was fitted with scikit-learn {d['sklearn_version']}, running {sklearn.__version__}; refit if predictions look off", stacklevel=2)
+        model = cls(CodeOutcomeConfig(**d["config"]))
+        model.featurizer = ScriptFeaturizer.from_state_dict(d["featurizer"])
+        model.classes_ = list(d["classes"])
+        model._classifier, model._regressor = d["classifier"], d["regressor"]
+        model._cls_cols, model._reg_cols = d["columns"]
+        model._constant_percentile = d["constant_percentile"]
+        model._train = d["train"]
+        model.info = dict(d["info"])
+        return model
+
+    @classmethod
+    def load_default(cls) -> "CodeOutcomeModel":
+        """The model fitted on the shipped leaderboard-pool logs (train-split tasks)."""
+        if not (DEFAULT_MODEL_DIR / "model.joblib").is_file():
+            raise FileNotFoundError(f"no default CodeOutcomeModel shipped at {DEFAULT_MODEL_DIR}; fit one with `wmrl-wm fit`")
+        return cls.load(DEFAULT_MODEL_DIR)
+
+
+def _with_cost(o: Outcome, cost: float) -> Outcome:
+    return Outcome(o.status, o.score, o.feedback, o.metrics, cost, "wm")
+
+
+def _feedback(status: str, p: float, pct: float | None, s: ScriptSummary) -> str:
+    lines = [f"Predicted outcome (world model, not executed): {status} (probability {p:.2f})."]
+    if status == "valid" and pct is not None:
+        lines.append(f"Expected leaderboard percentile about {pct:.2f}.")
+    if s.bad_imports:
+        lines.append(f"Imports the sandbox cannot satisfy: {', '.join(sorted(set(s.bad_imports)))}.")
+    if s.undefined_names:
+        lines.append(f"Names used but never defined: {', '.join(s.undefined_names[:8])}.")
+    if not s.counts.get("writes_submission"):
+        lines.append("The script does not appear to write submission.csv.")
+    return " ".join(lines)

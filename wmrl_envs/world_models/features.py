@@ -1,0 +1,366 @@
+"""Features of a (task, solution script) pair for learned code-outcome models.
+
+The script is parsed with :mod:`ast` (never executed). Three kinds of features:
+
+* **structure** — which scikit-learn estimators are constructed (by family), their
+  hyperparameters (``n_estimators``, ``max_depth``, ``learning_rate``, ``C``, ...),
+  preprocessing (scalers, encoders, imputers, pipelines), validation scheme
+  (``cross_val_score``, ``train_test_split``, grid search), whether a submission is
+  written, and signals of likely failure (imports the sandbox lacks, names used but never
+  bound, CSV paths outside ``data/``, classifiers on regression tasks, ``while True``);
+* **tokens** — identifiers, attributes, keyword names and short string keyword values,
+  hashed into a fixed number of columns (``FeatureHasher``), counts log-scaled;
+* **task** — numeric meta-features of the context (``n_train``, ``n_cols``,
+  ``missing_fraction``, ...; the key set is learned at fit time) and categorical ones
+  (``task_type``, ``metric``, ...) hashed together with estimator x task-type pairs.
+
+Classes: :class:`ScriptFeaturizer`, :class:`ScriptSummary`. Functions: :func:`summarize_script`, :func:`flat_context`.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import math
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from sklearn.feature_extraction import FeatureHasher
+
+__all__ = ["ScriptFeaturizer", "ScriptSummary", "summarize_script", "flat_context", "ESTIMATOR_FAMILIES", "HYPERPARAMETERS"]
+
+ESTIMATOR_FAMILIES: Mapping[str, frozenset[str]] = {
+    "linear": frozenset(
+        "LogisticRegression LogisticRegressionCV LinearRegression Ridge RidgeCV RidgeClassifier RidgeClassifierCV "
+        "Lasso LassoCV ElasticNet ElasticNetCV SGDClassifier SGDRegressor LinearSVC LinearSVR BayesianRidge "
+        "HuberRegressor Perceptron PassiveAggressiveClassifier PoissonRegressor TweedieRegressor QuantileRegressor".split()
+    ),
+    "tree": frozenset("DecisionTreeClassifier DecisionTreeRegressor ExtraTreeClassifier ExtraTreeRegressor".split()),
+    "forest": frozenset(
+        "RandomForestClassifier RandomForestRegressor ExtraTreesClassifier ExtraTreesRegressor BaggingClassifier BaggingRegressor".split()
+    ),
+    "boosting": frozenset(
+        "GradientBoostingClassifier GradientBoostingRegressor HistGradientBoostingClassifier HistGradientBoostingRegressor "
+        "AdaBoostClassifier AdaBoostRegressor XGBClassifier XGBRegressor LGBMClassifier LGBMRegressor "
+        "CatBoostClassifier CatBoostRegressor".split()
+    ),
+    "knn": frozenset("KNeighborsClassifier KNeighborsRegressor RadiusNeighborsClassifier RadiusNeighborsRegressor NearestCentroid".split()),
+    "svm": frozenset("SVC SVR NuSVC NuSVR".split()),
+    "naive_bayes": frozenset("GaussianNB MultinomialNB BernoulliNB ComplementNB CategoricalNB".split()),
+    "neural": frozenset("MLPClassifier MLPRegressor".split()),
+    "dummy": frozenset("DummyClassifier DummyRegressor".split()),
+    "meta": frozenset("VotingClassifier VotingRegressor StackingClassifier StackingRegressor OneVsRestClassifier CalibratedClassifierCV".split()),
+    "discriminant": frozenset("LinearDiscriminantAnalysis QuadraticDiscriminantAnalysis".split()),
+    "gaussian_process": frozenset("GaussianProcessClassifier GaussianProcessRegressor".split()),
+}
+_PREPROCESSING: Mapping[str, frozenset[str]] = {
+    "scaler": frozenset("StandardScaler MinMaxScaler RobustScaler MaxAbsScaler Normalizer QuantileTransformer PowerTransformer".split()),
+    "encoder": frozenset("OneHotEncoder OrdinalEncoder LabelEncoder TargetEncoder get_dummies factorize".split()),
+    "imputer": frozenset("SimpleImputer KNNImputer IterativeImputer fillna".split()),
+    "decomposition": frozenset("PCA TruncatedSVD".split()),
+    "selection": frozenset("SelectKBest VarianceThreshold RFE RFECV SelectFromModel".split()),
+    "expansion": frozenset("PolynomialFeatures SplineTransformer KBinsDiscretizer".split()),
+    "pipeline": frozenset("Pipeline make_pipeline ColumnTransformer make_column_transformer".split()),
+    "target_transform": frozenset("TransformedTargetRegressor log1p expm1".split()),
+}
+_VALIDATION: Mapping[str, frozenset[str]] = {
+    "cv_score": frozenset("cross_val_score cross_validate cross_val_predict".split()),
+    "holdout": frozenset(["train_test_split"]),
+    "kfold": frozenset("KFold StratifiedKFold GroupKFold RepeatedKFold RepeatedStratifiedKFold ShuffleSplit".split()),
+    "search": frozenset("GridSearchCV RandomizedSearchCV HalvingGridSearchCV HalvingRandomSearchCV".split()),
+}
+#: Hyperparameters read from keyword arguments (max over all calls; NaN when never set).
+HYPERPARAMETERS = (
+    "n_estimators", "max_depth", "learning_rate", "C", "n_neighbors", "alpha", "max_iter",
+    "min_samples_leaf", "min_samples_split", "max_features", "max_leaf_nodes", "subsample",
+    "l2_regularization", "hidden_layer_sizes", "gamma", "num_leaves", "cv", "n_splits",
+    "n_components", "k", "degree", "test_size", "n_iter", "l1_ratio",
+)  # fmt: skip
+_COUNT_LIKE = {"n_estimators", "max_iter", "n_neighbors", "max_leaf_nodes", "min_samples_leaf", "min_samples_split",
+               "num_leaves", "hidden_layer_sizes", "n_components", "k", "n_iter", "max_depth", "cv", "n_splits", "C", "alpha", "gamma"}  # fmt: skip
+# What the sandbox interpreter can import (docs/contracts.md): the standard library and these.
+_SANDBOX_PACKAGES = frozenset({"numpy", "pandas", "sklearn", "scipy", "joblib", "threadpoolctl", "dateutil", "pytz"})
+_CLASSIFIER_NAMES = frozenset(n for fam in ESTIMATOR_FAMILIES.values() for n in fam if n.endswith("Classifier") or n.endswith("NB")) | {
+    "LogisticRegression", "LogisticRegressionCV", "SVC", "NuSVC", "LinearSVC", "Perceptron",
+    "LinearDiscriminantAnalysis", "QuadraticDiscriminantAnalysis", "NearestCentroid",
+}  # fmt: skip
+_REGRESSOR_NAMES = frozenset(n for fam in ESTIMATOR_FAMILIES.values() for n in fam if n.endswith("Regressor")) | {
+    "LinearRegression", "Ridge", "RidgeCV", "Lasso", "LassoCV", "ElasticNet", "ElasticNetCV", "SVR", "NuSVR",
+    "LinearSVR", "BayesianRidge", "HuberRegressor", "PoissonRegressor", "TweedieRegressor", "QuantileRegressor",
+}  # fmt: skip
+_STRING_CONTEXT_KEYS = ("task_type", "metric", "submission_format", "origin")
+_BUILTINS = frozenset(dir(builtins)) | {"__name__", "__file__", "__doc__"}
+_COUNT_NAMES = (
+    "n_lines", "n_calls", "n_functions", "n_classes_defined", "n_loops", "n_while_true", "n_try", "n_raise",
+    "n_imports", "n_bad_imports", "n_undefined_names", "n_csv_outside_data", "n_sleep", "n_exit",
+    "writes_submission", "reads_train", "reads_test", "reads_sample_submission", "calls_to_csv",
+    "n_fit", "n_predict", "n_predict_proba", "n_estimators_constructed", "n_classifier_on_regression",
+    "n_regressor_on_classification", "uses_proba_for_label_task", "n_string_columns_indexed",
+)  # fmt: skip
+
+
+@dataclass
+class ScriptSummary:
+    """What :func:`summarize_script` found in one script."""
+
+    compiles: bool
+    counts: dict[str, float] = field(default_factory=dict)
+    families: Counter = field(default_factory=Counter)
+    groups: Counter = field(default_factory=Counter)
+    hyperparameters: dict[str, float] = field(default_factory=dict)
+    estimators: list[str] = field(default_factory=list)
+    tokens: list[str] = field(default_factory=list)
+    bad_imports: list[str] = field(default_factory=list)
+    undefined_names: list[str] = field(default_factory=list)
+
+
+def _call_name(node: ast.Call) -> str | None:
+    f = node.func
+    if isinstance(f, ast.Name):
+        return f.id
+    if isinstance(f, ast.Attribute):
+        return f.attr
+    return None
+
+
+def _number(node: ast.AST) -> float | None:
+    """The numeric value of a literal (tuples/lists of numbers: their sum), else None."""
+    try:
+        v = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)):
+        return float(v) if math.isfinite(v) else None
+    if isinstance(v, (tuple, list)) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        return float(sum(v))
+    return None
+
+
+def _bound_names(tree: ast.AST) -> set[str]:
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                bound.add((a.asname or a.name).split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            bound.update(node.names)
+    for node in ast.walk(tree):  # match statements and walrus targets are Name(Store) already
+        if isinstance(node, ast.MatchAs) and node.name:
+            bound.add(node.name)
+    return bound
+
+
+def summarize_script(code: str, task_type: str | None = None) -> ScriptSummary:
+    """Parse ``code`` and summarise it (see the module docstring). Never executes it."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ScriptSummary(compiles=False, counts={"n_lines": float(code.count("\n") + 1)})
+    s = ScriptSummary(compiles=True)
+    c: Counter = Counter()
+    c["n_lines"] = code.count("\n") + 1
+    tokens: list[str] = []
+    hp: dict[str, float] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            c["n_calls"] += 1
+            name = _call_name(node)
+            if name is None:
+                continue
+            tokens.append(f"call:{name}")
+            for fam, names in ESTIMATOR_FAMILIES.items():
+                if name in names:
+                    s.families[fam] += 1
+                    s.estimators.append(name)
+                    c["n_estimators_constructed"] += 1
+            for grp, names in {**_PREPROCESSING, **_VALIDATION}.items():
+                if name in names:
+                    s.groups[grp] += 1
+            c["n_fit"] += name in ("fit", "fit_transform", "fit_predict")
+            c["n_predict"] += name == "predict"
+            c["n_predict_proba"] += name in ("predict_proba", "decision_function")
+            c["calls_to_csv"] += name == "to_csv"
+            c["n_sleep"] += name == "sleep"
+            c["n_exit"] += name in ("exit", "quit", "_exit")
+            for kw in node.keywords:
+                if kw.arg is None:
+                    continue
+                tokens.append(f"kw:{kw.arg}")
+                v = _number(kw.value)
+                if kw.arg in HYPERPARAMETERS and v is not None:
+                    hp[kw.arg] = max(hp.get(kw.arg, -math.inf), v)
+                if isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str) and len(kw.value.value) <= 30:
+                    tokens.append(f"kwv:{kw.arg}={kw.value.value}")
+        elif isinstance(node, ast.Name):
+            tokens.append(f"id:{node.id}")
+        elif isinstance(node, ast.Attribute):
+            tokens.append(f"attr:{node.attr}")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            c["n_functions"] += 1
+        elif isinstance(node, ast.ClassDef):
+            c["n_classes_defined"] += 1
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            c["n_loops"] += 1
+        elif isinstance(node, ast.While):
+            c["n_loops"] += 1
+            if isinstance(node.test, ast.Constant) and node.test.value:
+                c["n_while_true"] += 1
+        elif isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+            c["n_try"] += 1
+        elif isinstance(node, ast.Raise):
+            c["n_raise"] += 1
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            c["n_imports"] += 1
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and node.level:
+                modules = []  # relative import: no package to run it from in the sandbox
+                s.bad_imports.append("." * node.level + (node.module or ""))
+            for m in modules:
+                top = m.split(".")[0]
+                tokens.append(f"import:{m}")
+                if top not in sys.stdlib_module_names and top not in _SANDBOX_PACKAGES:
+                    s.bad_imports.append(top)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            v = node.value
+            if "submission" in v and v.endswith(".csv") and "sample" not in v:
+                c["writes_submission"] = 1
+            if v.endswith(".csv") and "/" not in v.replace("./", "") and "submission" not in v:
+                c["n_csv_outside_data"] += 1
+            c["reads_train"] |= v.endswith("train.csv")
+            c["reads_test"] |= v.endswith("test.csv")
+            c["reads_sample_submission"] |= v.endswith("sample_submission.csv")
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+            c["n_string_columns_indexed"] += 1
+    c["writes_submission"] = float(c["writes_submission"] and c["calls_to_csv"] > 0)
+    c["n_bad_imports"] = len(s.bad_imports)
+    bound = _bound_names(tree)
+    if "*" not in bound:
+        s.undefined_names = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - bound - _BUILTINS)
+    c["n_undefined_names"] = len(s.undefined_names)
+    if task_type == "regression":
+        c["n_classifier_on_regression"] = sum(e in _CLASSIFIER_NAMES for e in s.estimators)
+    elif task_type in ("binary", "multiclass"):
+        c["n_regressor_on_classification"] = sum(e in _REGRESSOR_NAMES for e in s.estimators)
+    s.counts = {k: float(c[k]) for k in _COUNT_NAMES}
+    s.hyperparameters = hp
+    tokens += [f"family:{f}" for f in s.families] + [f"group:{g}" for g in s.groups]
+    tokens += [f"est:{e}|{task_type}" for e in s.estimators]
+    s.tokens = tokens
+    return s
+
+
+def flat_context(context: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Scalars of ``context`` and of its nested mappings (one level), keyed ``a.b``."""
+    out: dict[str, Any] = {}
+    for k, v in context.items():
+        if isinstance(v, Mapping) and not prefix:
+            out.update(flat_context(v, prefix=f"{k}."))
+        elif isinstance(v, (bool, int, float, str)) or v is None:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _leaf(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+class ScriptFeaturizer:
+    """Turns (context, script) pairs into a dense float matrix; NaN marks "not present".
+
+    Args:
+        n_hash: columns for hashed tokens.
+        max_meta_keys: cap on numeric context keys learned by :meth:`fit`.
+
+    >>> f = ScriptFeaturizer(n_hash=32).fit([{"n_train": 100}], ["print(1)"])
+    >>> f.transform([{"n_train": 50}], ["import pandas as pd"]).shape == (1, f.n_features)
+    True
+    """
+
+    def __init__(self, n_hash: int = 256, max_meta_keys: int = 64) -> None:
+        if n_hash < 1:
+            raise ValueError(f"n_hash must be >= 1, got {n_hash}")
+        self.n_hash = n_hash
+        self.max_meta_keys = max_meta_keys
+        self.meta_keys: list[str] = []
+
+    def fit(self, contexts: Sequence[Mapping[str, Any]], codes: Sequence[str]) -> "ScriptFeaturizer":
+        """Learn which numeric context keys exist (those in at least 5% of contexts)."""
+        counts: Counter = Counter()
+        for ctx in contexts:
+            for k, v in flat_context(ctx).items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    counts[k] += 1
+        need = max(1, int(0.05 * len(contexts)))
+        self.meta_keys = sorted(k for k, n in counts.most_common(self.max_meta_keys) if n >= need)
+        return self
+
+    @property
+    def n_features(self) -> int:
+        return len(_COUNT_NAMES) + len(ESTIMATOR_FAMILIES) + len(_PREPROCESSING) + len(_VALIDATION) + len(HYPERPARAMETERS) + len(self.meta_keys) + self.n_hash
+
+    def feature_names(self) -> list[str]:
+        return (
+            list(_COUNT_NAMES)
+            + [f"family:{f}" for f in ESTIMATOR_FAMILIES]
+            + [f"group:{g}" for g in {**_PREPROCESSING, **_VALIDATION}]
+            + [f"hp:{h}" for h in HYPERPARAMETERS]
+            + [f"ctx:{k}" for k in self.meta_keys]
+            + [f"hash:{i}" for i in range(self.n_hash)]
+        )
+
+    def summaries(self, contexts: Sequence[Mapping[str, Any]], codes: Sequence[str]) -> list[ScriptSummary]:
+        return [summarize_script(code, _task_type(ctx)) for ctx, code in zip(contexts, codes)]
+
+    def transform(self, contexts: Sequence[Mapping[str, Any]], codes: Sequence[str], summaries: Sequence[ScriptSummary] | None = None) -> np.ndarray:
+        if len(contexts) != len(codes):
+            raise ValueError(f"got {len(contexts)} contexts but {len(codes)} codes")
+        summaries = summaries if summaries is not None else self.summaries(contexts, codes)
+        groups = list({**_PREPROCESSING, **_VALIDATION})
+        rows, token_lists = [], []
+        for ctx, s in zip(contexts, summaries):
+            flat = flat_context(ctx)
+            row = [s.counts.get(k, math.nan) for k in _COUNT_NAMES]
+            row += [float(s.families.get(f, 0)) for f in ESTIMATOR_FAMILIES]
+            row += [float(s.groups.get(g, 0)) for g in groups]
+            for h in HYPERPARAMETERS:
+                v = s.hyperparameters.get(h, math.nan)
+                row.append(math.copysign(math.log1p(abs(v)), v) if h in _COUNT_LIKE and not math.isnan(v) else v)
+            for k in self.meta_keys:
+                v = flat.get(k)
+                row.append(float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan)
+            rows.append(row)
+            ctx_tokens = [f"ctx:{_leaf(k)}={v}" for k, v in flat.items() if _leaf(k) in _STRING_CONTEXT_KEYS and isinstance(v, str)]
+            token_lists.append(s.tokens + ctx_tokens)
+        dense = np.asarray(rows, dtype=np.float64).reshape(len(rows), -1)
+        hashed = FeatureHasher(n_features=self.n_hash, input_type="string", alternate_sign=False).transform(token_lists)
+        hashed = np.log1p(hashed.toarray())
+        return np.hstack([dense, hashed]).astype(np.float32)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"n_hash": self.n_hash, "max_meta_keys": self.max_meta_keys, "meta_keys": list(self.meta_keys)}
+
+    @classmethod
+    def from_state_dict(cls, d: Mapping[str, Any]) -> "ScriptFeaturizer":
+        f = cls(n_hash=int(d["n_hash"]), max_meta_keys=int(d["max_meta_keys"]))
+        f.meta_keys = list(d["meta_keys"])
+        return f
+
+
+def _task_type(context: Mapping[str, Any]) -> str | None:
+    for k, v in flat_context(context).items():
+        if _leaf(k) == "task_type" and isinstance(v, str):
+            return v
+    return None

@@ -1,0 +1,238 @@
+"""How faithful is a world model? A report on held-out execution logs.
+
+For each held-out record the world model predicts an outcome; the report compares it with
+the logged true outcome:
+
+* ``status_accuracy`` — predicted status equals the true one (records the model scored);
+* ``spearman`` — rank correlation of predicted vs true score, pooled, and
+  ``spearman_within_group`` — the mean over groups (same task) of the within-group rank
+  correlation, which is what group-relative advantages (GRPO) see;
+* ``bias`` and ``residual_var`` of the **within-group centred** residual
+  ``e = (w - mean_g w) - (t - mean_g t)`` (w: world-model score, t: true score, g: the
+  record's group). Centring removes any per-group offset, which GRPO cancels anyway. The
+  systematic part is estimated by binning records on their true score (quantile bins):
+  ``bias = sqrt(sum_b n_b * mean_b(e)^2 / N)`` is the RMS of the conditional mean of
+  ``e`` given the truth (the paper's bias B), ``residual_var = mean((e - mean_b(e))^2)``
+  what remains (its noise sigma^2); ``bias^2 + residual_var`` is the mean squared centred
+  residual;
+* the same after **calibration**: an isotonic map (true score on world-model score) is
+  fitted on a calibration part of the records and applied to the rest, the evaluation
+  part, where every number above is computed (``*_after``), as Online Debiasing would.
+
+Classes: :class:`FidelityReport`. Functions: :func:`evaluate_fidelity`,
+:func:`fidelity_from_scores`, :func:`centred_bias`, :func:`markdown_table`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Hashable, Sequence
+
+import numpy as np
+from scipy.stats import spearmanr
+from sklearn.isotonic import IsotonicRegression
+from tqdm.auto import tqdm
+
+from wmrl_envs.world_models.base import WorldModel
+from wmrl_envs.world_models.logs import LogRecord
+
+__all__ = ["FidelityReport", "evaluate_fidelity", "fidelity_from_scores", "centred_bias", "markdown_table"]
+
+
+@dataclass(frozen=True)
+class FidelityReport:
+    """Fidelity numbers of one world model on one set of records (see the module docstring).
+
+    Every metric is ``None`` when it cannot be computed (too few records / groups, constant
+    scores), never 0.
+    """
+
+    name: str
+    n_records: int
+    n_groups: int
+    n_calibration: int
+    n_eval: int
+    coverage: float | None
+    status_accuracy: float | None
+    spearman: float | None
+    spearman_within_group: float | None
+    bias_before: float | None
+    bias_after: float | None
+    residual_var_before: float | None
+    residual_var_after: float | None
+    mae_before: float | None
+    mae_after: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_markdown(self) -> str:
+        return markdown_table([self])
+
+
+_LABELS = {
+    "n_records": "records", "n_groups": "groups (tasks)", "n_calibration": "calibration part",
+    "n_eval": "evaluation part", "coverage": "coverage (score known)", "status_accuracy": "status accuracy",
+    "spearman": "Spearman (pooled)", "spearman_within_group": "Spearman (within group, mean)",
+    "bias_before": "centred bias B, raw", "bias_after": "centred bias B, calibrated",
+    "residual_var_before": "residual variance, raw", "residual_var_after": "residual variance, calibrated",
+    "mae_before": "mean abs. error, raw", "mae_after": "mean abs. error, calibrated",
+}  # fmt: skip
+
+
+def markdown_table(reports: Sequence[FidelityReport]) -> str:
+    """One Markdown table, one column per report."""
+    head = "| metric | " + " | ".join(r.name for r in reports) + " |"
+    lines = [head, "|---|" + "---:|" * len(reports)]
+    for f in fields(FidelityReport):
+        if f.name == "name":
+            continue
+        cells = []
+        for r in reports:
+            v = getattr(r, f.name)
+            cells.append("n/a" if v is None else str(v) if isinstance(v, int) else f"{v:.4f}")
+        lines.append(f"| {_LABELS[f.name]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
+    if len(a) < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return None
+    return float(spearmanr(a, b).statistic)
+
+
+def centred_bias(wm: Sequence[float], truth: Sequence[float], groups: Sequence[Hashable], n_bins: int = 10) -> tuple[float | None, float | None]:
+    """(bias, residual variance) of the within-group centred residual (module docstring).
+
+    Groups with fewer than two members carry no within-group information and are skipped.
+
+    >>> b, v = centred_bias([0.1, 0.3, 0.2, 0.6], [0.0, 0.2, 0.1, 0.5], ["a", "a", "b", "b"])
+    >>> round(b, 6), round(v, 6)  # a constant offset per group is not bias
+    (0.0, 0.0)
+    """
+    w, t = np.asarray(wm, dtype=float), np.asarray(truth, dtype=float)
+    ids = {key: i for i, key in enumerate(dict.fromkeys(groups))}
+    g = np.asarray([ids[x] for x in groups], dtype=int)
+    if not (len(w) == len(t) == len(g)):
+        raise ValueError(f"wm, truth and groups differ in length: {len(w)}, {len(t)}, {len(g)}")
+    keep = np.zeros(len(w), dtype=bool)
+    e = np.zeros(len(w))
+    for key in np.unique(g):
+        idx = np.flatnonzero(g == key)
+        if len(idx) < 2:
+            continue
+        keep[idx] = True
+        e[idx] = (w[idx] - w[idx].mean()) - (t[idx] - t[idx].mean())
+    if keep.sum() < 2:
+        return None, None
+    e, t = e[keep], t[keep]
+    edges = np.unique(np.quantile(t, np.linspace(0, 1, n_bins + 1)))
+    bins = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, max(0, len(edges) - 2))
+    means = np.zeros(len(e))
+    for b in np.unique(bins):
+        means[bins == b] = e[bins == b].mean()
+    return float(math.sqrt(np.mean(means**2))), float(np.mean((e - means) ** 2))
+
+
+def fidelity_from_scores(
+    wm_scores: Sequence[float | None],
+    true_scores: Sequence[float],
+    groups: Sequence[Hashable],
+    wm_status: Sequence[str | None] | None = None,
+    true_status: Sequence[str] | None = None,
+    *,
+    calibration_fraction: float = 0.5,
+    seed: int = 0,
+    n_bins: int = 10,
+    name: str = "world model",
+) -> FidelityReport:
+    """The report from scores directly (``None`` world-model scores = not covered).
+
+    The calibration part is a seeded random ``calibration_fraction`` of the covered
+    records; with ``calibration_fraction=0`` no calibration is done (``*_after`` is None).
+    """
+    n = len(true_scores)
+    if not (len(wm_scores) == n == len(groups)):
+        raise ValueError(f"wm_scores, true_scores and groups differ in length: {len(wm_scores)}, {n}, {len(groups)}")
+    if not 0.0 <= calibration_fraction < 1.0:
+        raise ValueError(f"calibration_fraction must be in [0, 1), got {calibration_fraction}")
+    covered = np.array([s is not None for s in wm_scores])
+    accuracy = None
+    if wm_status is not None and true_status is not None:
+        hits = [a == b for a, b, c in zip(wm_status, true_status, covered) if c]
+        accuracy = float(np.mean(hits)) if hits else None
+    idx = np.flatnonzero(covered)
+    w = np.array([wm_scores[i] for i in idx], dtype=float)
+    t = np.array([true_scores[i] for i in idx], dtype=float)
+    g = [groups[i] for i in idx]
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(idx))
+    n_cal = int(round(calibration_fraction * len(idx)))
+    cal, ev = np.sort(perm[:n_cal]), np.sort(perm[n_cal:])
+    w_ev, t_ev, g_ev = w[ev], t[ev], [g[i] for i in ev]
+    w_cal_ev = None
+    if n_cal >= 2 and len(ev):
+        iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(w[cal], t[cal])
+        w_cal_ev = iso.predict(w_ev)
+    within = []
+    for key in dict.fromkeys(g_ev):
+        m = np.array([x == key for x in g_ev])
+        rho = _spearman(w_ev[m], t_ev[m])
+        if rho is not None and not math.isnan(rho):
+            within.append(rho)
+    bias_b, var_b = centred_bias(w_ev, t_ev, g_ev, n_bins) if len(ev) else (None, None)
+    bias_a, var_a = centred_bias(w_cal_ev, t_ev, g_ev, n_bins) if w_cal_ev is not None else (None, None)
+    return FidelityReport(
+        name=name,
+        n_records=n,
+        n_groups=len(set(groups)),
+        n_calibration=n_cal,
+        n_eval=len(ev),
+        coverage=float(covered.mean()) if n else None,
+        status_accuracy=accuracy,
+        spearman=_spearman(w_ev, t_ev),
+        spearman_within_group=float(np.mean(within)) if within else None,
+        bias_before=bias_b,
+        bias_after=bias_a,
+        residual_var_before=var_b,
+        residual_var_after=var_a,
+        mae_before=float(np.mean(np.abs(w_ev - t_ev))) if len(ev) else None,
+        mae_after=float(np.mean(np.abs(w_cal_ev - t_ev))) if w_cal_ev is not None else None,
+    )
+
+
+def evaluate_fidelity(
+    model: WorldModel,
+    records: Sequence[LogRecord],
+    *,
+    calibration_fraction: float = 0.5,
+    seed: int = 0,
+    n_bins: int = 10,
+    batch_size: int = 256,
+    name: str | None = None,
+    progress: bool = False,
+) -> FidelityReport:
+    """Predict every record's outcome with ``model`` and report against the logged truth.
+
+    Records with an unknown true score are skipped; groups are tasks (``task_id``).
+    """
+    records = [r for r in records if r.outcome.score is not None]
+    if not records:
+        raise ValueError("evaluate_fidelity needs records with known true scores, got none")
+    preds = []
+    starts = range(0, len(records), batch_size)
+    for s in tqdm(starts, desc="fidelity", disable=not progress):
+        chunk = records[s : s + batch_size]
+        preds += model.predict([r.context for r in chunk], [r.code for r in chunk])
+    return fidelity_from_scores(
+        [None if p is None else p.score for p in preds],
+        [r.outcome.score for r in records],
+        [r.task_id for r in records],
+        [None if p is None else p.status for p in preds],
+        [r.outcome.status for r in records],
+        calibration_fraction=calibration_fraction,
+        seed=seed,
+        n_bins=n_bins,
+        name=name or type(model).__name__,
+    )
