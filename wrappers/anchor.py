@@ -116,8 +116,11 @@ class _AnchorCore:
 
     def start(self, slot: int, group_id: Hashable | None, size: int | None) -> dict[str, Any]:
         """A new episode in ``slot``; returns the info keys for its reset."""
+        extra: dict[str, Any] = {}
         if self.members[slot] is not None:  # abandoned before it ended
-            self._finish(slot)
+            result = self._finish(slot)
+            if result is not None:
+                extra["group_result"] = result
         if group_id is None:
             group_id, size = f"auto-{self._auto}", 1
             self._auto += 1
@@ -125,7 +128,8 @@ class _AnchorCore:
         anchor = self.scheduler.assign(group_id)
         self.members[slot] = _Member(group_id, anchor)
         self._set_mode(slot, "both" if anchor else "wm")
-        return {"group_id": group_id, "anchor": anchor, "anchor_fraction": self.scheduler.realized_fraction}
+        extra.update(group_id=group_id, anchor=anchor, anchor_fraction=self.scheduler.realized_fraction)
+        return extra
 
     def step(self, slot: int, info: Mapping[str, Any], ended: bool) -> dict[str, Any]:
         """Info keys for a step of ``slot``'s episode (``info``: what the layers below reported)."""
@@ -167,7 +171,8 @@ class _AnchorCore:
 
 
 _INFO_DOC = """
-    Info keys added (reset: ``group_id``, ``anchor``, ``anchor_fraction``; every step also):
+    Info keys added (reset: ``group_id``, ``anchor``, ``anchor_fraction``, and ``group_result``
+    when the reset abandoned the last unfinished member of a group; every step also):
 
     * ``group_id``: the member's group (``"auto-<k>"`` for a reset without one).
     * ``anchor``: True if the group is an anchor group (graded for real, mode ``"both"``).

@@ -174,7 +174,7 @@ class CalibrationWrapper(_CalibrationBase, gym.Wrapper):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         obs, info = self.env.reset(seed=seed, options=options)
-        return obs, {**info, **self._core.info()}
+        return obs, {**info, **self._core.step(info)}  # a reset may complete a group (abandoned member)
 
     def step(self, action: Any):
         obs, reward, terminated, truncated, info = self.env.step(action)
@@ -208,8 +208,11 @@ class VectorCalibrationWrapper(_CalibrationBase, VectorWrapper):
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
         mask = self._steps.on_reset(None if options is None else options.get("reset_mask"))
         obs, infos = self.env.reset(seed=seed, options=options)
+        for i in np.flatnonzero(mask):  # a reset may complete a group (abandoned member)
+            self._core.step(sub_info(infos, i))
+        report = self._core.info()
         for i in np.flatnonzero(mask):
-            put_info(infos, self.num_envs, i, self._core.info())
+            put_info(infos, self.num_envs, i, report)
         return obs, infos
 
     def step(self, actions: Any):

@@ -108,9 +108,9 @@ class InverseVarianceWeighter:
             return None
         arr = np.asarray(known, dtype=float)
         w, t = arr[:, 0], arr[:, 1]
-        var_t = float(np.var(t))
-        if var_t == 0.0:
+        if np.all(t == t[0]):  # degenerate (np.var of equal floats may be ~1e-33, not 0)
             return None
+        var_t = float(np.var(t))
         resid = (w - w.mean()) - (t - t.mean())
         return float(np.mean(resid**2) / var_t)
 

@@ -1,0 +1,161 @@
+"""Online Debiasing (issue 4, "Debiasing" bullets): OnlineDebiaser alone and inside the stack."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from wrapper_toys import SyntheticWorldModel, ToySeamEnv, paper_bias, toy_true_score
+
+from wrappers import AnchorWrapper, CalibrationWrapper, OnlineDebiaser, WorldModelWrapper
+
+
+def synthetic_pairs(rng: np.random.Generator, n: int, noise: float, bias=paper_bias) -> tuple[np.ndarray, np.ndarray]:
+    """``(wm, r)``: true scores r ~ U[0, 1] and the synthetic world model's scores."""
+    r = rng.random(n)
+    return np.clip(bias(r) + rng.normal(0.0, noise, n), 0.0, 1.0), r
+
+
+def centred_bias(transform, noise: float, rng: np.random.Generator, groups: int = 200, size: int = 8, draws: int = 200) -> float:
+    """Within-group centred bias: mean |E[g(wm) | r] - r| after centring both within each group.
+
+    The expectation over the world model's noise is taken by Monte Carlo, so this is the
+    systematic error GRPO's group centring leaves, not the noise.
+    """
+    r = rng.random((groups, size))
+    wm = np.clip(paper_bias(r)[None] + rng.normal(0.0, noise, (draws, groups, size)), 0.0, 1.0)
+    expected = np.asarray(transform(wm.ravel().tolist()), dtype=float).reshape(wm.shape).mean(axis=0)
+    err = (expected - expected.mean(axis=1, keepdims=True)) - (r - r.mean(axis=1, keepdims=True))
+    return float(np.mean(np.abs(err)))
+
+
+def fitted(noise: float, seed: int = 0, n: int = 2000) -> OnlineDebiaser:
+    d = OnlineDebiaser()
+    wm, r = synthetic_pairs(np.random.default_rng(seed), n, noise)
+    for i in range(0, n, 32):  # arrives in steps, as anchor pairs do
+        d.add(list(zip(wm[i : i + 32], r[i : i + 32])))
+    return d
+
+
+def test_identity_before_first_fit_and_fit_at_start_pairs():
+    d = OnlineDebiaser()  # paper defaults: 200 / 64 / 5000
+    wm, r = synthetic_pairs(np.random.default_rng(1), 199, 0.005)
+    assert d.add(list(zip(wm, r))) is False
+    probe = [0.0, 0.13, 0.5, 0.77, 1.0, None]
+    assert d.transform(probe) == probe and not d.fitted
+    assert d.add([(0.3, 0.1)]) is True and d.fitted and d.n_fits == 1
+    assert d.transform([0.3]) != [0.3]
+
+
+def test_refits_every_64_new_pairs_and_caps_fifo():
+    d = OnlineDebiaser(start_pairs=200, refit_every=64, max_pairs=300)
+    wm, r = synthetic_pairs(np.random.default_rng(2), 1000, 0.005)
+    fits = [d.add([(a, b)]) for a, b in zip(wm, r)]
+    assert [i + 1 for i, f in enumerate(fits) if f][:3] == [200, 264, 328]
+    assert d.n_fits == 1 + (1000 - 200) // 64
+    assert len(d.pairs) == 300 and d.pairs[-1] == (wm[-1], r[-1]) and d.n_seen == 1000
+
+
+def test_map_is_monotone_and_clipped():
+    d = fitted(0.05)
+    y = d.transform(np.linspace(0.0, 1.0, 501).tolist())
+    assert all(b >= a for a, b in zip(y, y[1:])) and y[-1] > y[0]
+    assert min(y) >= 0.0 and max(y) <= 1.0
+    lo = d.state_dict()["map"]["x"][0]
+    assert lo > 0.1  # scores below the fitted range are clipped to its lower end
+    assert d.transform([0.0, 0.05]) == d.transform([lo, lo])
+
+
+@pytest.mark.parametrize("noise, min_drop", [(0.005, 0.9), (0.05, 0.4)])
+def test_within_group_centred_bias_drops(noise, min_drop):
+    d = fitted(noise)
+    before = centred_bias(lambda s: s, noise, np.random.default_rng(10))
+    after = centred_bias(d.transform, noise, np.random.default_rng(10))
+    assert before > 0.03  # the synthetic world model really is biased within groups
+    assert 1.0 - after / before >= min_drop, (before, after)
+
+
+def test_map_changes_within_group_z_scores():
+    # GRPO standardises rewards within a group; an affine map would cancel out, the
+    # isotonic map must not: calibrated z-scores move towards the true ones.
+    d = fitted(0.005)
+    rng = np.random.default_rng(3)
+    r = rng.random((300, 8))
+    wm = np.clip(paper_bias(r) + rng.normal(0.0, 0.005, r.shape), 0.0, 1.0)
+    cal = np.asarray(d.transform(wm.ravel().tolist())).reshape(wm.shape)
+
+    def z(a):
+        return (a - a.mean(axis=1, keepdims=True)) / a.std(axis=1, keepdims=True)
+
+    assert np.abs(z(cal) - z(wm)).mean() > 0.01
+    assert np.abs(z(cal) - z(r)).mean() < 0.5 * np.abs(z(wm) - z(r)).mean()
+
+
+def test_follows_a_drifting_bias():
+    d = OnlineDebiaser(max_pairs=1000)
+    rng = np.random.default_rng(4)
+    shifted = lambda r: np.clip(0.6 * r + 0.35, 0, 1)  # noqa: E731 - the drifted world model
+    for bias in (paper_bias, shifted):
+        wm, r = synthetic_pairs(rng, 1200, 0.005, bias)
+        for i in range(0, 1200, 32):
+            d.add(list(zip(wm[i : i + 32], r[i : i + 32])))
+        probe_r = np.linspace(0.05, 0.95, 19)
+        mapped = np.asarray(d.transform(bias(probe_r).tolist()))
+        assert np.abs(mapped - probe_r).max() < 0.05, bias
+
+
+def test_none_pairs_are_skipped_and_bad_pairs_rejected():
+    d = OnlineDebiaser(start_pairs=2)
+    d.add([(None, 0.5), (0.5, None), (0.2, 0.1)])
+    assert d.n_skipped == 2 and d.n_seen == 1 and not d.fitted
+    with pytest.raises(ValueError, match="true_score must be in"):
+        d.add([(0.2, 1.5)])
+    with pytest.raises(ValueError, match="pair is"):
+        d.add([(0.2, 0.3, 0.4)])
+    with pytest.raises(ValueError, match="start_pairs"):
+        OnlineDebiaser(start_pairs=0)
+
+
+def test_state_round_trips_through_json():
+    d = fitted(0.05, n=700)
+    again = OnlineDebiaser()
+    again.load_state_dict(json.loads(json.dumps(d.state_dict())))
+    probe = np.linspace(0, 1, 57).tolist()
+    assert again.transform(probe) == d.transform(probe)
+    assert again.pairs == d.pairs and again.n_fits == d.n_fits
+    wm, r = synthetic_pairs(np.random.default_rng(9), 64, 0.05)
+    assert d.add(list(zip(wm, r))) == again.add(list(zip(wm, r))) is True
+    assert again.transform(probe) == d.transform(probe)
+    with pytest.raises(ValueError, match="config mismatch"):
+        OnlineDebiaser(start_pairs=10).load_state_dict(d.state_dict())
+
+
+def test_stack_debiases_every_world_model_reward():
+    """Through CalibrationWrapper(AnchorWrapper(WorldModelWrapper(env))): after enough anchor
+    pairs, non-anchor rewards (world model only) have far less within-group centred error."""
+    wm = SyntheticWorldModel(noise=0.005)
+    env = CalibrationWrapper(AnchorWrapper(WorldModelWrapper(ToySeamEnv(n_actions=64), wm), fraction=0.1, seed=0))
+    rng = np.random.default_rng(5)
+    errors: dict[bool, list[float]] = {False: [], True: []}  # keyed by "map fitted at the time"
+    for step in range(24):
+        gids = [f"s{step}g{k}" for k in range(32)]
+        env.get_wrapper_attr("begin_step")(gids)
+        for g in gids:
+            task = int(rng.integers(10**6))
+            rewards, truths, anchor, was_fitted = [], [], None, env.debiaser.fitted
+            for action in rng.choice(64, size=8, replace=False):
+                _, _ = env.reset(options={"task": task, "group_id": g, "group_size": 8})
+                _, reward, _, _, info = env.step(int(action))
+                rewards.append(reward)
+                truths.append(toy_true_score(task, action))
+                anchor = info["anchor"]
+                if not anchor:
+                    assert info["source"] == "wm" and reward == info["calibrated_score"]
+            if not anchor:
+                rw, t = np.array(rewards), np.array(truths)
+                errors[was_fitted].append(np.mean(((rw - rw.mean()) - (t - t.mean())) ** 2))
+    assert env.debiaser.fitted and env.debiaser.n_fits >= 3
+    before, after = np.mean(errors[False]), np.mean(errors[True])
+    assert len(errors[False]) >= 100 and len(errors[True]) >= 100
+    assert 1.0 - after / before >= 0.9, (before, after)

@@ -1,0 +1,114 @@
+"""Inverse-Variance Denoising (issue 4, "Denoising" bullets): InverseVarianceWeighter alone and in the stack."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from wrapper_toys import SyntheticWorldModel, ToySeamEnv
+
+from wrappers import AnchorWrapper, CalibrationWrapper, InverseVarianceWeighter, WorldModelWrapper
+
+
+def noisy_group(rng: np.random.Generator, noise: float, size: int = 8) -> tuple[list[float], list[float]]:
+    t = rng.random(size)
+    return (t + rng.normal(0.0, noise, size)).tolist(), t.tolist()
+
+
+def test_weight_is_exactly_one_before_and_exactly_two_at_calibration():
+    w = InverseVarianceWeighter()  # paper defaults: half-life 64, freeze after 32, 2.0, max 4.0
+    rng = np.random.default_rng(0)
+    for k in range(31):
+        assert w.observe(*noisy_group(rng, 0.1))
+        assert w.weight == 1.0 and w.scale is None
+    w.observe(*noisy_group(rng, 0.1))
+    assert w.frozen and w.n_observed == 32
+    assert w.weight == 2.0  # exactly, not approximately
+    assert w.scale == pytest.approx(1.0 / w.ema)
+
+
+def test_weight_rises_with_disagreement_and_is_clipped():
+    rng = np.random.default_rng(1)
+    w = InverseVarianceWeighter()
+    for _ in range(32):
+        w.observe(*noisy_group(rng, 0.05, size=32))
+    weights = [w.weight]
+    for noise in (0.06, 0.07, 0.08, 0.5):  # the world model gets worse
+        for _ in range(150):
+            w.observe(*noisy_group(rng, noise, size=32))
+        weights.append(w.weight)
+    assert weights[0] == 2.0 and all(b > a for a, b in zip(weights[:4], weights[1:4])), weights
+    assert weights[-1] == 4.0  # clipped
+    for _ in range(1500):  # and better again: never below 1
+        w.observe(*noisy_group(rng, 0.0))
+    assert 1.0 <= w.weight < 1.01
+
+
+def test_degenerate_groups_and_none_never_enter_the_estimate():
+    w = InverseVarianceWeighter(freeze_after=2)
+    assert w.observe([0.1, 0.9, 0.5], [0.4, 0.4, 0.4]) is False  # zero true variance
+    assert w.observe([0.3, None, 0.8], [None, 0.2, 0.9]) is False  # < 2 known members
+    assert w.observe([0.5], [0.5]) is False
+    assert w.ema is None and w.n_observed == 0 and w.n_degenerate == 3
+    # None members are left out of a group that still has >= 2 known ones
+    assert w.disagreement([0.1, None, 0.9, 0.7], [0.0, 0.9, 1.0, None]) == w.disagreement([0.1, 0.9], [0.0, 1.0])
+    with pytest.raises(ValueError, match="differ in length"):
+        w.observe([0.1, 0.2], [0.1])
+
+
+def test_disagreement_is_centred_and_normalised():
+    t = [0.1, 0.5, 0.9]
+    assert InverseVarianceWeighter.disagreement([x + 0.3 for x in t], t) == pytest.approx(0.0)  # offset: centred away
+    d1 = InverseVarianceWeighter.disagreement([0.2, 0.5, 0.8], t)
+    d2 = InverseVarianceWeighter.disagreement([0.4, 1.0, 1.6], [2 * x for x in t])
+    assert d1 > 0 and d2 == pytest.approx(d1)  # scale-free
+
+
+def test_ema_half_life():
+    w = InverseVarianceWeighter(half_life=4, freeze_after=1000)
+    w.observe([0.0, 1.0], [0.0, 1.0])  # d = 0
+    assert w.ema == 0.0
+    for _ in range(4):
+        w.observe([1.0, 0.0], [0.0, 1.0])  # d = 4
+    assert w.ema == pytest.approx(4.0 * 0.5)
+
+
+def test_state_round_trips_through_json():
+    rng = np.random.default_rng(2)
+    w = InverseVarianceWeighter(freeze_after=5)
+    for _ in range(9):
+        w.observe(*noisy_group(rng, 0.1))
+    again = InverseVarianceWeighter(freeze_after=5)
+    again.load_state_dict(json.loads(json.dumps(w.state_dict())))
+    assert again.weight == w.weight and again.scale == w.scale
+    g = noisy_group(rng, 0.3)
+    w.observe(*g), again.observe(*g)
+    assert again.weight == w.weight
+    with pytest.raises(ValueError, match="config mismatch"):
+        InverseVarianceWeighter().load_state_dict(w.state_dict())
+
+
+def test_stack_weight_engages_only_after_calibration():
+    """In the stack, the weight is exactly 1.0 until the map is fitted and 32 anchor groups were
+    observed after that, then exactly 2.0, and it is reported in every info."""
+    env = CalibrationWrapper(
+        AnchorWrapper(WorldModelWrapper(ToySeamEnv(n_actions=64), SyntheticWorldModel(noise=0.05)), fraction=0.25, seed=1)
+    )
+    rng = np.random.default_rng(3)
+    seen = []
+    for step in range(40):
+        gids = [f"s{step}g{k}" for k in range(16)]
+        env.get_wrapper_attr("begin_step")(gids)
+        for g in gids:
+            task = int(rng.integers(10**6))
+            for action in rng.choice(64, size=4, replace=False):
+                _, info = env.reset(options={"task": task, "group_id": g, "group_size": 4})
+                assert info["anchor_weight"] == env.anchor_weight
+                _, _, _, _, info = env.step(int(action))
+                seen.append((info["calibrated"], env.weighter.n_observed, info["anchor_weight"]))
+    assert all(weight == 1.0 for fitted, _, weight in seen if not fitted)
+    assert all(weight == 1.0 for _, n, weight in seen if n < 32)
+    assert any(n == 32 and weight == 2.0 for _, n, weight in seen)
+    assert any(weight != 2.0 for _, n, weight in seen if n > 40)
+    assert 1.0 <= min(w for *_, w in seen) and max(w for *_, w in seen) <= 4.0
