@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from wrapper_toys import SyntheticWorldModel, ToySeamEnv, toy_true_score
+from wrapper_toys import SyntheticWorldModel, ToySeamEnv, toy_true_score, training_steps
 
 from wrappers import AnchorScheduler, AnchorWrapper, CalibrationWrapper, WorldModelWrapper
 
@@ -18,17 +18,7 @@ def stack(fraction: float, seed: int = 0, **anchor_kwargs):
 
 
 def run_groups(env, steps: int, groups: int, size: int, seed: int = 0):
-    """One episode per member, groups decided per step through begin_step; yields per-episode records."""
-    rng = np.random.default_rng(seed)
-    for step in range(steps):
-        gids = [f"s{step}g{k}" for k in range(groups)]
-        env.get_wrapper_attr("begin_step")(gids)
-        for g in gids:
-            task = int(rng.integers(10**6))
-            for action in rng.choice(32, size=size, replace=False).tolist():
-                _, reset_info = env.reset(options={"task": task, "group_id": g, "group_size": size})
-                _, reward, _, _, info = env.step(action)
-                yield {"task": task, "action": action, "reward": reward, "reset_info": reset_info, **info}
+    return training_steps(env, range(steps), groups, size, seed)
 
 
 @pytest.mark.parametrize("lazy", [False, True])

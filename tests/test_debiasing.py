@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from wrapper_toys import SyntheticWorldModel, ToySeamEnv, paper_bias, toy_true_score
+from wrapper_toys import SyntheticWorldModel, ToySeamEnv, paper_bias, toy_true_score, training_steps
 
 from wrappers import AnchorWrapper, CalibrationWrapper, OnlineDebiaser, WorldModelWrapper
 
@@ -136,25 +136,17 @@ def test_stack_debiases_every_world_model_reward():
     pairs, non-anchor rewards (world model only) have far less within-group centred error."""
     wm = SyntheticWorldModel(noise=0.005)
     env = CalibrationWrapper(AnchorWrapper(WorldModelWrapper(ToySeamEnv(n_actions=64), wm), fraction=0.1, seed=0))
-    rng = np.random.default_rng(5)
-    errors: dict[bool, list[float]] = {False: [], True: []}  # keyed by "map fitted at the time"
-    for step in range(24):
-        gids = [f"s{step}g{k}" for k in range(32)]
-        env.get_wrapper_attr("begin_step")(gids)
-        for g in gids:
-            task = int(rng.integers(10**6))
-            rewards, truths, anchor, was_fitted = [], [], None, env.debiaser.fitted
-            for action in rng.choice(64, size=8, replace=False):
-                _, _ = env.reset(options={"task": task, "group_id": g, "group_size": 8})
-                _, reward, _, _, info = env.step(int(action))
-                rewards.append(reward)
-                truths.append(toy_true_score(task, action))
-                anchor = info["anchor"]
-                if not anchor:
-                    assert info["source"] == "wm" and reward == info["calibrated_score"]
-            if not anchor:
-                rw, t = np.array(rewards), np.array(truths)
-                errors[was_fitted].append(np.mean(((rw - rw.mean()) - (t - t.mean())) ** 2))
+    groups: dict[str, list[dict]] = {}
+    for record in training_steps(env, range(24), groups=32, size=8, seed=5):
+        groups.setdefault(record["group_id"], []).append(record)
+    errors: dict[bool, list[float]] = {False: [], True: []}  # keyed by "map fitted when the group began"
+    for members in groups.values():
+        if members[0]["anchor"]:
+            continue
+        assert all(m["source"] == "wm" and m["reward"] == m["calibrated_score"] for m in members)
+        rw = np.array([m["reward"] for m in members])
+        t = np.array([toy_true_score(m["task"], m["action"]) for m in members])
+        errors[members[0]["reset_info"]["calibrated"]].append(np.mean(((rw - rw.mean()) - (t - t.mean())) ** 2))
     assert env.debiaser.fitted and env.debiaser.n_fits >= 3
     before, after = np.mean(errors[False]), np.mean(errors[True])
     assert len(errors[False]) >= 100 and len(errors[True]) >= 100

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from wrapper_toys import SyntheticWorldModel, ToySeamEnv
+from wrapper_toys import SyntheticWorldModel, ToySeamEnv, training_steps
 
 from wrappers import AnchorWrapper, CalibrationWrapper, InverseVarianceWeighter, WorldModelWrapper
 
@@ -95,18 +95,10 @@ def test_stack_weight_engages_only_after_calibration():
     env = CalibrationWrapper(
         AnchorWrapper(WorldModelWrapper(ToySeamEnv(n_actions=64), SyntheticWorldModel(noise=0.05)), fraction=0.25, seed=1)
     )
-    rng = np.random.default_rng(3)
     seen = []
-    for step in range(40):
-        gids = [f"s{step}g{k}" for k in range(16)]
-        env.get_wrapper_attr("begin_step")(gids)
-        for g in gids:
-            task = int(rng.integers(10**6))
-            for action in rng.choice(64, size=4, replace=False):
-                _, info = env.reset(options={"task": task, "group_id": g, "group_size": 4})
-                assert info["anchor_weight"] == env.anchor_weight
-                _, _, _, _, info = env.step(int(action))
-                seen.append((info["calibrated"], env.weighter.n_observed, info["anchor_weight"]))
+    for record in training_steps(env, range(40), groups=16, size=4, seed=3):
+        assert record["anchor_weight"] == env.anchor_weight  # reported on every step
+        seen.append((record["calibrated"], env.weighter.n_observed, record["anchor_weight"]))
     assert all(weight == 1.0 for fitted, _, weight in seen if not fitted)
     assert all(weight == 1.0 for _, n, weight in seen if n < 32)
     assert any(n == 32 and weight == 2.0 for _, n, weight in seen)

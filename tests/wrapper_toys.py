@@ -7,12 +7,12 @@ which counts its calls. :class:`SyntheticWorldModel` is the issue's synthetic wo
 turn, seed), so single-env and vector runs see identical predictions.
 
 Classes: :class:`ToySeamEnv`, :class:`SyntheticWorldModel`. Functions: :func:`toy_true_score`,
-:func:`paper_bias`.
+:func:`paper_bias`, :func:`training_steps` (a GRPO-shaped driver for single-env stacks).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -21,7 +21,7 @@ from gymnasium import spaces
 from wmrl_envs.outcome import Outcome
 from wmrl_envs.seam import GradingRequest, OutcomeSeam
 
-__all__ = ["ToySeamEnv", "SyntheticWorldModel", "toy_true_score", "paper_bias"]
+__all__ = ["ToySeamEnv", "SyntheticWorldModel", "toy_true_score", "paper_bias", "training_steps"]
 
 
 def toy_true_score(task: int, action: int) -> float:
@@ -142,3 +142,24 @@ class SyntheticWorldModel:
             else:
                 out.append(Outcome("valid", self.score(task, action, ctx.get("turn", 0)), source="wm"))
         return out
+
+
+def training_steps(
+    env: gym.Env, steps: Iterable[int], groups: int, size: int, seed: int = 0
+) -> Iterator[dict[str, Any]]:
+    """Drive a single-env wrapper stack like a GRPO trainer: per step, decide ``groups``
+    groups with ``begin_step``, then run each group's ``size`` members (one episode each,
+    distinct actions on one task). Inputs depend only on ``(seed, step)``, so a resumed run
+    replays them. Yields one record per episode: its last step's info plus task, action,
+    reward and the reset info."""
+    n_actions = env.action_space.n
+    for step in steps:
+        rng = np.random.default_rng([seed, step])
+        gids = [f"s{step}g{k}" for k in range(groups)]
+        env.get_wrapper_attr("begin_step")(gids)
+        for g in gids:
+            task = int(rng.integers(10**6))
+            for action in rng.choice(n_actions, size=size, replace=False).tolist():
+                _, reset_info = env.reset(options={"task": task, "group_id": g, "group_size": size})
+                _, reward, _, _, info = env.step(action)
+                yield {"task": task, "action": action, "reward": reward, "reset_info": reset_info, **info}
