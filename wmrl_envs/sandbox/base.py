@@ -13,7 +13,6 @@ Constants: :data:`STATUSES`, :data:`SANDBOX_DIR`, :data:`DEFAULT_ENV`.
 from __future__ import annotations
 
 import errno
-import math
 import os
 import re
 import shutil

@@ -9,10 +9,11 @@ Layers, outermost first:
   ``RLIMIT_CORE=0``, set by a tiny launcher (:mod:`wmrl_envs.sandbox._launcher`, running as
   the sandbox uid) right before it execs ``bwrap``; the launcher also reports the
   sandbox's CPU time and peak RSS (``wait4`` here would count the host's own RSS).
-* **bubblewrap**: new user/pid/net/ipc/uts/cgroup namespaces (no network: only a down
-  loopback device), read-only ``/usr`` and a few ``/etc`` files, a size-capped private
-  ``/tmp``, the work dir bound read-write at ``/sandbox`` (the cwd), nothing else of the
-  host: ``/root``, ``/home``, ``/work``, ``/var`` ... simply do not exist inside.
+* **bubblewrap**: new user/pid/net/ipc/uts/cgroup namespaces (no network: only an
+  isolated loopback device), read-only ``/usr`` and a few ``/etc`` files, a read-only
+  root, size-capped private ``/tmp`` and ``/dev/shm``, the work dir bound read-write at
+  ``/sandbox`` (the cwd), nothing else of the host: ``/root``, ``/home``, ``/work``,
+  ``/var`` ... simply do not exist inside.
 * **supervision**: stdout/stderr through pipes with a byte cap, a wall deadline, and a
   kill that takes the whole pid namespace down (``--die-with-parent``).
 
@@ -25,6 +26,7 @@ Classes: :class:`LocalExecutor`, :class:`LocalConfig`.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
@@ -34,6 +36,7 @@ import selectors
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import warnings
@@ -85,7 +88,9 @@ class LocalConfig:
             instead of running with a loud warning.
         uid_base: first uid of the range reserved for sandbox runs; uids with a passwd
             entry are skipped. Only used when the host process is root.
-        uid_count: size of that range = the most local runs at once (more wait).
+        uid_count: size of that range = the most local runs at once on this host, across
+            processes (more wait).
+        lock_dir: where the per-uid lock files live (root-only directory).
         ro_paths: extra host paths mounted read-only at the same place.
         env: the script's whole environment (nothing is inherited from the host).
         work_base: host directory for work dirs (``None``: the system temp dir).
@@ -96,6 +101,7 @@ class LocalConfig:
     strict: bool = False
     uid_base: int = 300_000
     uid_count: int = 64
+    lock_dir: str = "/run/wmrl-sandbox"
     ro_paths: Sequence[str] = DEFAULT_RO_PATHS
     env: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_ENV))
     work_base: str | None = None
@@ -108,24 +114,50 @@ class LocalConfig:
 
 
 class _UidPool:
-    """Hands out distinct uids so concurrent runs never share an ``RLIMIT_NPROC`` count."""
+    """Hands out distinct uids so concurrent runs never share an ``RLIMIT_NPROC`` count.
 
-    def __init__(self, base: int, count: int):
-        self._free = [u for u in range(base, base + count) if not _uid_has_passwd_entry(u)]
-        if not self._free:
+    A uid is held through an exclusive ``flock`` on ``<lock_dir>/<uid>.lock``, so distinct
+    host processes (and threads: each acquisition opens its own file) never run the same uid.
+    """
+
+    def __init__(self, base: int, count: int, lock_dir: str):
+        self._uids = [u for u in range(base, base + count) if not _uid_has_passwd_entry(u)]
+        if not self._uids:
             raise ValueError(f"every uid in [{base}, {base + count}) has a passwd entry; pick another uid_base")
-        self._cond = threading.Condition()
+        os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+        self._lock_dir = lock_dir
+        self._held: dict[int, int] = {}  # uid -> fd of its lock file
+        self._mutex = threading.Lock()
 
     def acquire(self) -> int:
-        with self._cond:
-            while not self._free:
-                self._cond.wait()
-            return self._free.pop()
+        delay = 0.005
+        while True:
+            for uid in self._uids:
+                fd = os.open(os.path.join(self._lock_dir, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                with self._mutex:
+                    self._held[uid] = fd
+                return uid
+            time.sleep(delay)  # every uid busy: wait for a run to finish
+            delay = min(delay * 2, 0.2)
 
     def release(self, uid: int) -> None:
-        with self._cond:
-            self._free.append(uid)
-            self._cond.notify()
+        with self._mutex:
+            fd = self._held.pop(uid)
+        os.close(fd)  # drops the flock
+
+
+def _check_traversable(path: str) -> None:
+    """bwrap binds the work dir as the sandbox uid, which must be able to walk down to it."""
+    p = Path(path).resolve()
+    for d in [p, *p.parents]:
+        if not os.stat(d).st_mode & 0o001:
+            raise ValueError(f"work_base {str(p)!r} is not reachable by the sandbox uid: {str(d)!r} is not "
+                             f"world-traversable (o+x); choose another work_base")
 
 
 def _uid_has_passwd_entry(uid: int) -> bool:
@@ -154,7 +186,9 @@ class LocalExecutor:
         if overrides:
             self.config = LocalConfig(**{**self.config.__dict__, **overrides})
         self._is_root = os.geteuid() == 0
-        self._uids = _UidPool(self.config.uid_base, self.config.uid_count) if self._is_root else None
+        self._uids = _UidPool(self.config.uid_base, self.config.uid_count, self.config.lock_dir) if self._is_root else None
+        if self._is_root:
+            _check_traversable(self.config.work_base or tempfile.gettempdir())
         self._bwrap, problem = self._probe_bwrap()
         self.sandboxed = self._bwrap is not None
         self.backend = "local" if self.sandboxed else "local-unsandboxed"
@@ -229,8 +263,13 @@ class LocalExecutor:
     def _command(self, work: str, limits: Limits) -> list[str]:
         if not self.sandboxed:
             return [self.config.python, "main.py"]
-        return [self._bwrap, *self._mounts(), "--size", str(limits.max_file_bytes), "--tmpfs", "/tmp",
-                "--bind", work, SANDBOX_DIR, "--chdir", SANDBOX_DIR, "--", self.config.python, "main.py"]
+        size = str(limits.max_file_bytes)
+        # Writable: the work dir, and size-capped tmpfs at /tmp and /dev/shm. bwrap builds the
+        # rest of the tree on a tmpfs of its own, which is remounted read-only last.
+        return [self._bwrap, *self._mounts(), "--size", size, "--tmpfs", "/tmp",
+                "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+                "--bind", work, SANDBOX_DIR, "--chdir", SANDBOX_DIR, "--remount-ro", "/",
+                "--", self.config.python, "main.py"]
 
     # -- running -----------------------------------------------------------------------
 
@@ -251,8 +290,6 @@ class LocalExecutor:
                 work.cleanup()
         finally:
             if uid is not None:
-                if not self.sandboxed:
-                    _kill_all_of_uid(uid)  # no pid namespace: make sure nothing survives to the next run
                 self._uids.release(uid)
         return ExecutionResult(**{**result, "files": files})
 
@@ -261,7 +298,7 @@ class LocalExecutor:
         start = time.monotonic()
         try:
             proc = subprocess.Popen(
-                [self.config.python, "-S", "-I", "-c", _LAUNCHER, str(report_w),
+                [self.config.python, "-S", "-I", "-c", _LAUNCHER, str(report_w), "1" if uid is not None else "0",
                  json.dumps(self._rlimits(limits)), *self._command(str(work.path), limits)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=[report_w],
                 cwd="/" if self.sandboxed else str(work.path), env=dict(self.config.env),
@@ -353,9 +390,3 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def _kill_all_of_uid(uid: int) -> None:
-    """``kill -KILL -1`` as ``uid``: every process of that uid except the killer itself dies."""
-    subprocess.run(["kill", "-s", "KILL", "--", "-1"], user=uid, group=uid, extra_groups=[],
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
