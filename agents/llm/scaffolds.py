@@ -78,6 +78,9 @@ _FAMILY_ALIASES = {
 }
 
 
+_STAT_KEYS = ("n_train", "n_test", "n_cols", "n_numeric", "n_categorical", "missing_fraction", "max_cardinality", "n_classes", "minority_fraction")
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """What a scaffold needs to know about a task (the env's reset ``info`` task fields).
@@ -101,23 +104,26 @@ class TaskSpec:
 
     @classmethod
     def from_info(cls, info: Mapping[str, Any]) -> "TaskSpec":
-        """Build from a reset ``info`` dict; the task fields may sit at top level or under ``"task"``."""
+        """Build from an AutoResearch reset ``info`` (task fields and meta-features at top level,
+        or nested under ``"task"``; meta-features flat or under ``"stats"``)."""
         source = info.get("task") if isinstance(info.get("task"), Mapping) else info
         required = ("task_id", "task_type", "metric", "target", "id_column", "submission_format")
-        missing = [k for k in required if k not in source and not (k == "task_id" and "task_id" in info)]
+        missing = [k for k in required if k not in source]
         if missing:
             raise KeyError(f"reset info lacks task fields {missing}; got keys {sorted(source)}")
         classes = source.get("classes")
+        stats = dict(source.get("stats") or {})
+        stats.update({k: source[k] for k in _STAT_KEYS if k in source})
         return cls(
-            task_id=str(source.get("task_id", info.get("task_id"))),
+            task_id=str(source["task_id"]),
             task_type=source["task_type"],
             metric=source["metric"],
             target=source["target"],
             id_column=source["id_column"],
             submission_format=source["submission_format"],
             classes=tuple(str(c) for c in classes) if classes is not None else None,
-            question=source.get("question", ""),
-            stats=dict(source.get("stats") or {}),
+            question=source.get("question") or source.get("title") or "",
+            stats=stats,
         )
 
 

@@ -1,0 +1,441 @@
+"""GRPO training of an LLM policy through a Gymnasium env stack, with or without world models.
+
+The same :func:`train` runs plain GRPO on real execution (a bare env), GRPO on a pure world
+model (``WorldModelWrapper(env, wm)``) and WMRL
+(``CalibrationWrapper(AnchorWrapper(WorldModelWrapper(env, wm)))``): it only reads what the
+stack reports in ``info`` (``trajectory_reward``, ``source``, ``anchor``, ``anchor_weight``,
+``calibrated``, ``real_executions``) and never asks which layers exist, except to announce
+the step's groups to an ``AnchorWrapper`` (``begin_step``) and to checkpoint the stack's state.
+
+Each step: pick ``groups_per_step`` tasks, roll out ``group_size`` episodes per task (one
+``group_id`` per group), compute group advantages with the current anchor weight
+(:func:`agents.grpo.group_advantages`), and take ``ppo_epochs`` optimiser steps on the
+clipped token loss (:func:`agents.grpo.grpo_loss`). Metrics go to ``metrics.jsonl`` and
+TensorBoard in ``output_dir``; checkpoints hold the policy (or adapter), optimiser, RNG
+states and the wrapper stack's state (anchor pairs, calibration map, weight).
+
+Classes: :class:`GRPOConfig`, :class:`TrainResult`, :class:`Callback`.
+Functions: :func:`train`, :func:`save_checkpoint`, :func:`load_checkpoint`.
+
+Example (see ``tests/test_llm_agent_e2e.py`` for a runnable one)::
+
+    policy = LLMPolicy.default()
+    env = gym.make_vec("wmrl/AutoResearch-v0", num_envs=8, split="train", ...)
+    result = train(policy, env, PlanScaffold(), GRPOConfig(total_steps=20, output_dir="runs/x"),
+                   tasks=list_catalog("train"))
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Hashable, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from agents.grpo import LOSS_AGGREGATIONS, group_advantages, grpo_loss
+from agents.llm.policy import LLMPolicy
+from agents.llm.rollout import Episode, PhaseTimer, Rollout, find_layer
+from agents.llm.scaffolds import Scaffold
+
+__all__ = ["GRPOConfig", "TrainResult", "Callback", "train", "save_checkpoint", "load_checkpoint", "step_metrics"]
+
+#: Called after every step with ``(step, metrics)``; returning ``True`` stops training.
+Callback = Callable[[int, dict[str, Any]], "bool | None"]
+
+
+@dataclass
+class GRPOConfig:
+    """Settings of :func:`train` (defaults sized for a small model on a few CPU cores).
+
+    Sampling:
+        groups_per_step: task instances (GRPO groups) per step, ``m``. Default 4.
+        group_size: samples per task instance, ``n`` (>= 2 for non-zero advantages). Default 4.
+        max_new_tokens: tokens sampled per turn. Default 96.
+        temperature / top_p: sampling temperature (0 = greedy) and nucleus. Defaults 1.0 / 1.0.
+        generation_batch_size: contexts per ``generate`` call (``None`` = all live slots).
+
+    Optimisation:
+        learning_rate: AdamW step size. Default 1e-5 (use ~1e-4 with LoRA).
+        weight_decay: AdamW weight decay. Default 0.0.
+        max_grad_norm: gradient clipping. Default 1.0.
+        ppo_epochs: optimiser steps per batch of rollouts; with 1 the ratio is exactly 1
+            (pure on-policy, no extra forward pass). Default 1.
+        micro_batch_size: sequences per forward/backward (gradient accumulation). Default 4.
+        clip_eps / clip_eps_high: PPO clip range (``None`` = symmetric). Defaults 0.2 / None.
+        kl_coef: weight of the k3 KL to the initial policy (0 disables the reference pass).
+            Default 0.0.
+        entropy_coef: entropy bonus. Default 0.0.
+        scale_by_std: GRPO's std normalisation; ``False`` = Dr.GRPO. Default True.
+        loss_aggregation: one of :data:`agents.grpo.LOSS_AGGREGATIONS`. Default "token-mean".
+
+    Run:
+        total_steps: training steps. Default 10.
+        seed: task sampling, group ids and sampling seeds. Default 0.
+        output_dir: where ``metrics.jsonl``, TensorBoard events and checkpoints go
+            (``None`` = nothing written). Default None.
+        checkpoint_every: steps between checkpoints (0 = only the final one). Default 0.
+        tensorboard: write TensorBoard events (needs ``tensorboard``). Default True.
+        progress: show a tqdm bar. Default True.
+        idle_action: action for slots whose episode ended while others still run. Default "".
+    """
+
+    groups_per_step: int = 4
+    group_size: int = 4
+    max_new_tokens: int = 96
+    temperature: float = 1.0
+    top_p: float = 1.0
+    generation_batch_size: int | None = None
+    learning_rate: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    ppo_epochs: int = 1
+    micro_batch_size: int = 4
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    scale_by_std: bool = True
+    loss_aggregation: str = "token-mean"
+    total_steps: int = 10
+    seed: int = 0
+    output_dir: str | None = None
+    checkpoint_every: int = 0
+    tensorboard: bool = True
+    progress: bool = True
+    idle_action: str = ""
+
+    def __post_init__(self) -> None:
+        positive = ("groups_per_step", "group_size", "max_new_tokens", "ppo_epochs", "micro_batch_size", "total_steps")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"GRPOConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.loss_aggregation not in LOSS_AGGREGATIONS:
+            raise ValueError(f"GRPOConfig.loss_aggregation must be one of {LOSS_AGGREGATIONS}, got {self.loss_aggregation!r}")
+        if self.learning_rate <= 0 or self.checkpoint_every < 0:
+            raise ValueError("GRPOConfig: learning_rate must be > 0 and checkpoint_every >= 0")
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns: one metrics dict per step run in this call."""
+
+    history: list[dict[str, Any]] = field(default_factory=list)
+    last_step: int = 0
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return float(np.mean(xs)) if len(xs) else None
+
+
+def _rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def _wrapper_state(env: Any) -> dict[str, Any] | None:
+    if find_layer(env, "WorldModelWrapper") is None:
+        return None
+    from wrappers import stack_state_dict
+
+    return stack_state_dict(env)
+
+
+def save_checkpoint(path: str | Path, policy: LLMPolicy, optimizer: torch.optim.Optimizer, env: Any, step: int, extra: dict[str, Any]) -> Path:
+    """Write ``path/`` with the trainable weights, optimiser, RNG and wrapper-stack state.
+
+    Written to a temporary directory and renamed, so a run killed mid-write keeps its
+    previous checkpoint.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    torch.save(policy.trainable_state_dict(), tmp / "policy.pt")
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(_rng_state(), tmp / "rng.pt")
+    wrapper_state = _wrapper_state(env)
+    if wrapper_state is not None:
+        (tmp / "wrappers.json").write_text(json.dumps(wrapper_state, default=_json_default))
+    (tmp / "trainer.json").write_text(json.dumps({"step": step, **extra}, default=_json_default))
+    if path.exists():
+        old = path.with_name(path.name + ".old")
+        path.rename(old)
+        tmp.rename(path)
+        _rmtree(old)
+    else:
+        tmp.rename(path)
+    return path
+
+
+def load_checkpoint(path: str | Path, policy: LLMPolicy, optimizer: torch.optim.Optimizer | None, env: Any) -> dict[str, Any]:
+    """Restore what :func:`save_checkpoint` wrote; returns ``trainer.json`` (``step``, ...)."""
+    path = Path(path)
+    if not (path / "trainer.json").is_file():
+        raise FileNotFoundError(f"{path} is not a checkpoint (no trainer.json)")
+    policy.load_trainable_state_dict(torch.load(path / "policy.pt", weights_only=True))
+    if optimizer is not None:
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+    wrappers_file = path / "wrappers.json"
+    if wrappers_file.is_file():
+        from wrappers import load_stack_state_dict
+
+        load_stack_state_dict(env, json.loads(wrappers_file.read_text()))
+    elif _wrapper_state(env) is not None:
+        raise ValueError(f"{path} holds no wrapper state but the env has wmrl wrappers; was it saved from another stack?")
+    return json.loads((path / "trainer.json").read_text())
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    return str(o)
+
+
+def step_metrics(episodes: Sequence[Episode], anchor_weight: float) -> dict[str, Any]:
+    """Rewards by source, anchor share and calibration state of one step's episodes."""
+    by_group: dict[Hashable, list[Episode]] = {}
+    for e in episodes:
+        by_group.setdefault(e.group_id, []).append(e)
+    graded = [e.reward for e in episodes if e.reward is not None]
+    last = episodes[-1].final_info if episodes else {}
+    out: dict[str, Any] = {
+        "reward/mean": _mean(graded),
+        "reward/env": _mean([e.reward for e in episodes if e.reward is not None and e.source == "env"]),
+        "reward/wm": _mean([e.reward for e in episodes if e.reward is not None and e.source == "wm"]),
+        "reward/valid_rate": _mean([float(any(getattr(o, "status", None) == "valid" for o in e.outcomes)) for e in episodes]),
+        "reward/unknown_fraction": 1.0 - len(graded) / len(episodes) if episodes else None,
+        "anchor/realized_fraction": _mean([float(g[0].anchor) for g in by_group.values()]),
+        "anchor/weight": anchor_weight,
+        "calibration/fitted": last.get("calibrated"),
+        "calibration/anchor_pairs_total": last.get("anchor_pairs_total"),
+        "episodes/turns_mean": _mean([e.turns for e in episodes]),
+        "episodes/count": len(episodes),
+    }
+    return out
+
+
+class _Logger:
+    def __init__(self, output_dir: Path | None, tensorboard: bool) -> None:
+        self.jsonl = None
+        self.tb = None
+        if output_dir is None:
+            return
+        output_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = open(output_dir / "metrics.jsonl", "a")
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(output_dir / "tb"))
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if self.jsonl is not None:
+            self.jsonl.write(json.dumps({"step": step, **metrics}, default=_json_default) + "\n")
+            self.jsonl.flush()
+        if self.tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                    self.tb.add_scalar(k, v, step)
+            self.tb.flush()
+
+    def close(self) -> None:
+        if self.jsonl is not None:
+            self.jsonl.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _update(policy: LLMPolicy, optimizer: torch.optim.Optimizer, episodes: Sequence[Episode], advantages: Sequence[float], config: GRPOConfig) -> dict[str, float]:
+    """``ppo_epochs`` optimiser steps on the clipped loss over the episodes that carry advantages."""
+    seqs = [e.sequence() for e in episodes]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))  # less padding per micro-batch
+    batches = [order[i : i + config.micro_batch_size] for i in range(0, len(order), config.micro_batch_size)]
+    total_tokens = sum(sum(m) for _, m in seqs)
+    if total_tokens == 0:
+        return {}
+    need_old = config.ppo_epochs > 1
+    old: dict[int, torch.Tensor] = {}
+    ref: dict[int, torch.Tensor] = {}
+    with torch.no_grad():
+        for b, idx in enumerate(batches):
+            args = ([seqs[i][0] for i in idx], [seqs[i][1] for i in idx])
+            if need_old:
+                old[b] = policy.token_logprobs(*args)[0]
+            if config.kl_coef > 0:
+                ref[b] = policy.token_logprobs(*args, reference=True)[0]
+    policy.model.train()
+    sums: dict[str, float] = {}
+    for _ in range(config.ppo_epochs):
+        optimizer.zero_grad(set_to_none=True)
+        for b, idx in enumerate(batches):
+            lp, ent, mask = policy.token_logprobs(
+                [seqs[i][0] for i in idx], [seqs[i][1] for i in idx], with_entropy=config.entropy_coef > 0
+            )
+            adv = torch.tensor([advantages[i] for i in idx], dtype=lp.dtype, device=lp.device)
+            out = grpo_loss(
+                lp,
+                old.get(b, lp.detach()),
+                adv,
+                mask,
+                clip_eps=config.clip_eps,
+                clip_eps_high=config.clip_eps_high,
+                ref_logprobs=ref.get(b),
+                kl_coef=config.kl_coef,
+                entropy=ent,
+                entropy_coef=config.entropy_coef,
+                aggregation=config.loss_aggregation,
+            )
+            # Weight micro-batches so the accumulated gradient equals the full-batch aggregate.
+            share = float(mask.sum()) / total_tokens if config.loss_aggregation == "token-mean" else len(idx) / len(seqs)
+            (out.loss * share).backward()
+            for k, v in out.metrics.items():
+                sums[k] = sums.get(k, 0.0) + (v if k == "tokens" else v * share / config.ppo_epochs)
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm)
+        optimizer.step()
+    policy.sync_backend()
+    sums["tokens"] /= config.ppo_epochs
+    return {f"loss/{k}": v for k, v in sums.items()} | {"loss/grad_norm": float(grad_norm)}
+
+
+def train(
+    policy: LLMPolicy,
+    env: Any,
+    scaffold: Scaffold,
+    config: GRPOConfig | None = None,
+    *,
+    tasks: Sequence[str],
+    callbacks: Sequence[Callback] = (),
+    resume: bool | str | Path = False,
+) -> TrainResult:
+    """Train ``policy`` with GRPO on ``env`` (a ``gymnasium.Env`` or ``VectorEnv`` stack).
+
+    Args:
+        policy: the :class:`~agents.llm.policy.LLMPolicy` to train in place.
+        env: the env stack. A vector env needs ``num_envs`` a multiple of ``group_size``;
+            ``num_envs = groups_per_step * group_size`` runs a whole step in one round.
+        scaffold: turns model text into the env's action.
+        config: :class:`GRPOConfig`.
+        tasks: task ids to sample training instances from (passed as ``options["task"]``).
+        callbacks: called after each step with ``(step, metrics)``; ``True`` stops training.
+        resume: ``True`` resumes from ``output_dir/checkpoint`` if present; a path resumes
+            from that checkpoint.
+
+    Returns:
+        :class:`TrainResult` with the per-step metrics of this call.
+    """
+    config = config or GRPOConfig()
+    if not tasks:
+        raise ValueError("train: `tasks` must name at least one task")
+    out_dir = Path(config.output_dir) if config.output_dir else None
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    start_step = 0
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    checkpoint = Path(resume) if isinstance(resume, (str, Path)) else (out_dir / "checkpoint" if out_dir and resume else None)
+    if checkpoint is not None and (checkpoint / "trainer.json").is_file():
+        start_step = int(load_checkpoint(checkpoint, policy, optimizer, env)["step"])
+    elif isinstance(resume, (str, Path)):
+        raise FileNotFoundError(f"resume: no checkpoint at {checkpoint}")
+
+    rollout = Rollout(
+        env,
+        policy,
+        scaffold,
+        group_size=config.group_size,
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        generation_batch_size=config.generation_batch_size,
+        idle_action=config.idle_action,
+    )
+    anchor_layer = find_layer(env, "AnchorWrapper")
+    wm_layer = find_layer(env, "WorldModelWrapper")
+    logger = _Logger(out_dir, config.tensorboard)
+    result = TrainResult(last_step=start_step)
+    anchor_weight = 1.0
+    bar = tqdm(range(start_step, config.total_steps), initial=start_step, total=config.total_steps, desc="GRPO", disable=not config.progress)
+    try:
+        for step in bar:
+            t_step = time.perf_counter()
+            timer = PhaseTimer()
+            rng = np.random.default_rng([config.seed, step])
+            chosen = [str(t) for t in rng.choice(list(tasks), size=config.groups_per_step, replace=len(tasks) < config.groups_per_step)]
+            groups = [(task, f"s{step}-g{j}") for j, task in enumerate(chosen)]
+            if anchor_layer is not None:
+                anchor_layer.begin_step([g for _, g in groups])
+            real_before = wm_layer.counters.real_executions if wm_layer is not None else None
+            episodes = rollout.run(groups, timer, seed=int(rng.integers(2**31)))
+
+            weights = [e.final_info.get("anchor_weight") for e in episodes if e.final_info.get("anchor_weight") is not None]
+            anchor_weight = float(weights[-1]) if weights else anchor_weight
+            adv = group_advantages(
+                [e.reward for e in episodes],
+                [e.group_id for e in episodes],
+                sources=[e.source for e in episodes],
+                anchor_weight=anchor_weight,
+                scale_by_std=config.scale_by_std,
+            )
+            used = [(e, a) for e, a in zip(episodes, adv.advantages) if a is not None and a != 0.0]
+            with timer.measure("update"):
+                loss_metrics = _update(policy, optimizer, [e for e, _ in used], [a for _, a in used], config) if used else {}
+
+            metrics = step_metrics(episodes, anchor_weight)
+            metrics.update(loss_metrics)
+            s = adv.stats
+            metrics.update(
+                {
+                    "groups/used": s.groups_used,
+                    "groups/skipped": s.groups_skipped,
+                    "groups/degenerate": s.groups_degenerate,
+                    "groups/anchor": s.anchor_groups,
+                    "real_executions/step": (wm_layer.counters.real_executions - real_before)
+                    if wm_layer is not None
+                    else sum(sum(1 for o in e.outcomes if getattr(o, "source", "env") == "env") for e in episodes),
+                    "real_executions/total": wm_layer.counters.real_executions if wm_layer is not None else None,
+                    "time/step_wall": time.perf_counter() - t_step,
+                    "memory/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                }
+            )
+            for phase in ("generation", "real_grading", "wm_grading", "env_other", "env_reset", "update"):
+                metrics[f"time/{phase}_wall"] = timer.wall.get(phase, 0.0)
+                metrics[f"time/{phase}_cpu"] = timer.cpu.get(phase, 0.0)
+            logger.log(step + 1, metrics)
+            result.history.append({"step": step + 1, **metrics})
+            result.last_step = step + 1
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}" if metrics["reward/mean"] is not None else "n/a", w=f"{anchor_weight:.2f}")
+            done = step + 1 == config.total_steps
+            if out_dir is not None and (done or (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0)):
+                save_checkpoint(out_dir / "checkpoint", policy, optimizer, env, step + 1, {"config": asdict(config)})
+            if any(cb(step + 1, metrics) for cb in callbacks):
+                if out_dir is not None and not done:
+                    save_checkpoint(out_dir / "checkpoint", policy, optimizer, env, step + 1, {"config": asdict(config)})
+                break
+    finally:
+        bar.close()
+        logger.close()
+    return result
