@@ -1,0 +1,338 @@
+"""Tests of the world models except the LM one (tests/test_world_models_lm.py).
+
+FIXTURE DATA: the execution logs below are synthetic, made for these unit tests only.
+The scripts look like real sklearn solutions, but their outcomes are *assigned by rule*
+(a template's status, a percentile from its hyperparameters plus seeded noise), not
+produced by running them. Real training data are the leaderboard-pool logs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wmrl_envs.outcome import Outcome
+from wmrl_envs.seam import GradingRequest
+from wmrl_envs.world_models import (
+    BIAS_PRESETS,
+    CodeOutcomeConfig,
+    CodeOutcomeModel,
+    LoggedOutcomes,
+    LogRecord,
+    NoisyOracle,
+    WorldModel,
+    centred_bias,
+    compile_gate,
+    evaluate_fidelity,
+    fidelity_from_scores,
+    ladder_score,
+    predict_requests,
+    read_logs,
+    split_by_task,
+    summarize_script,
+    write_logs,
+)
+from wmrl_envs.world_models import cli
+
+# ----------------------------------------------------------------- fixture logs
+_HEAD = "import numpy as np\nimport pandas as pd\n"
+_READ = "train = pd.read_csv('data/train.csv')\ntest = pd.read_csv('data/test.csv')\nX = pd.get_dummies(train.drop(columns=['id', 'y'])).fillna(0)\nXt = pd.get_dummies(test.drop(columns=['id'])).reindex(columns=X.columns, fill_value=0)\n"
+_WRITE = "pd.DataFrame({'id': test['id'], 'y': pred}).to_csv('submission.csv', index=False)\n"
+
+
+def _script(kind: str, task_type: str, n: int) -> str:
+    cls = task_type != "regression"
+    if kind == "boost":
+        est = f"HistGradientBoosting{'Classifier' if cls else 'Regressor'}(max_iter={n}, learning_rate=0.1)"
+        imp = "from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor\n"
+    elif kind == "forest":
+        est = f"RandomForest{'Classifier' if cls else 'Regressor'}(n_estimators={n}, max_depth={n // 20 + 2})"
+        imp = "from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor\n"
+    elif kind == "linear":
+        est = f"make_pipeline(StandardScaler(), {'LogisticRegression(C=%d, max_iter=500)' % n if cls else 'Ridge(alpha=%d)' % n})"
+        imp = "from sklearn.pipeline import make_pipeline\nfrom sklearn.preprocessing import StandardScaler\nfrom sklearn.linear_model import LogisticRegression, Ridge\n"
+    else:  # dummy
+        est = f"Dummy{'Classifier' if cls else 'Regressor'}()"
+        imp = "from sklearn.dummy import DummyClassifier, DummyRegressor\n"
+    cv = "from sklearn.model_selection import cross_val_score\nprint(cross_val_score(model, X, train['y'], cv=3).mean())\n" if n % 2 else ""
+    return _HEAD + f"SEED = {n}\n" + imp + _READ + f"model = {est}\n" + cv + "model.fit(X, train['y'])\npred = model.predict(Xt)\n" + _WRITE
+
+
+_BROKEN = {
+    "runtime_error": [
+        _HEAD + "import xgboost\n" + _READ + "model = xgboost.XGBClassifier()\nmodel.fit(X, train['y'])\npred = model.predict(Xt)\n" + _WRITE,
+        _HEAD + _READ + "model = RandomForestClassifier()\nmodel.fit(X, train['y'])\npred = model.predict(Xt)\n" + _WRITE,
+        _HEAD + "train = pd.read_csv('train.csv')\npred = train['y']\n" + "pd.DataFrame({'y': pred}).to_csv('submission.csv')\n",
+    ],
+    "no_submission": [
+        _HEAD + "from sklearn.linear_model import Ridge\n" + _READ + "model = Ridge().fit(X, train['y'])\nprint(model.score(X, train['y']))\n",
+    ],
+    "timeout": [
+        _HEAD + "import time\n" + _READ + "while True:\n    time.sleep(1)\n" + _WRITE,
+    ],
+    "syntax_error": [_HEAD + "model = RandomForestClassifier(\n" + _WRITE],
+}
+_BASE_PCT = {"boost": 0.8, "forest": 0.65, "linear": 0.4, "dummy": 0.05}
+
+
+def make_fixture_logs(n_tasks: int = 12, seed: int = 0) -> list[LogRecord]:
+    """Synthetic logs (outcomes assigned by rule, see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for t in range(n_tasks):
+        task_type = ("binary", "multiclass", "regression")[t % 3]
+        ctx = {
+            "task_id": f"fixture-{t}",
+            "overview": f"Fixture task {t}: predict y ({task_type}).",
+            "turn": 0,
+            "meta_features": {"task_type": task_type, "metric": "rmse" if task_type == "regression" else "accuracy",
+                              "n_train": int(rng.integers(100, 5000)), "n_cols": int(rng.integers(3, 40)),
+                              "missing_fraction": float(rng.uniform(0, 0.2))},
+        }  # fmt: skip
+        j = 0
+        for kind in _BASE_PCT:
+            for n in (5, 20, 50, 100, 200, 400):
+                pct = float(np.clip(_BASE_PCT[kind] + 0.1 * np.log10(n / 50) + rng.normal(0, 0.04), 0, 1))
+                out = Outcome("valid", ladder_score("valid", pct), metrics={"percentile": pct}, cost=2.0)
+                records.append(LogRecord(ctx["task_id"], _script(kind, task_type, n), ctx, out, f"s{j}", "leaderboard-pool"))
+                j += 1
+        for status, scripts in _BROKEN.items():
+            for code in scripts:
+                records.append(LogRecord(ctx["task_id"], code, ctx, Outcome(status, ladder_score(status), cost=1.0), f"s{j}", "leaderboard-pool"))
+                j += 1
+    return records
+
+
+@pytest.fixture(scope="module")
+def logs() -> list[LogRecord]:
+    return make_fixture_logs()
+
+
+@pytest.fixture(scope="module")
+def split(logs):
+    return split_by_task(logs, test_fraction=0.25, seed=1)
+
+
+@pytest.fixture(scope="module")
+def model(split) -> CodeOutcomeModel:
+    return CodeOutcomeModel(CodeOutcomeConfig(max_iter=60, min_samples_leaf=3)).fit(split[0])
+
+
+# ------------------------------------------------------------------- base
+def test_compile_gate_is_exact_and_deterministic():
+    o = compile_gate("def f(:\n  pass")
+    assert o.status == "syntax_error" and o.score == 0.0 and o.source == "wm"
+    assert "line 1" in o.feedback
+    assert compile_gate("x = 1\n") is None
+    assert compile_gate("x = '\\x00'") is None and compile_gate("x = 1\x00") is not None  # escaped vs raw NUL
+
+
+def test_ladder_score():
+    assert ladder_score("timeout") == 0.1 and ladder_score("no_submission") == 0.2
+    assert ladder_score("valid", 1.0) == 1.0 and ladder_score("valid") is None
+    with pytest.raises(ValueError, match="no ladder score"):
+        ladder_score("success")
+
+
+def test_batch_validation_names_the_problem(model):
+    with pytest.raises(ValueError, match="2 contexts but 1 actions"):
+        model.predict([{}, {}], ["x=1"])
+    with pytest.raises(TypeError, match=r"actions\[0\] must be a Python script"):
+        model.predict([{}], [42])
+    with pytest.raises(TypeError, match="batch"):
+        model.predict({}, "x=1")
+    with pytest.raises(RuntimeError, match="not fitted"):
+        CodeOutcomeModel().predict([{}], ["x=1"])
+
+
+def test_protocol_is_satisfied(model):
+    oracle = NoisyOracle(lambda r: None)
+    assert isinstance(model, WorldModel) and isinstance(oracle, WorldModel)
+    assert not isinstance(object(), WorldModel)
+
+
+# ------------------------------------------------------------------- logs
+def test_logs_round_trip_and_errors(tmp_path, logs):
+    p = tmp_path / "a.jsonl"
+    write_logs(p, logs[:5])
+    back = read_logs(p)
+    assert [r.to_dict() for r in back] == [r.to_dict() for r in logs[:5]]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(logs[0].to_dict()) + "\n" + json.dumps({"task_id": "t", "code": "x"}) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: .*lacks \['context', 'outcome'\]"):
+        read_logs(bad)
+    bad.write_text("{not json\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1: not JSON"):
+        read_logs(bad)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_logs(tmp_path / "missing.jsonl")
+
+
+def test_split_by_task_is_disjoint_and_seeded(logs):
+    train, test = split_by_task(logs, 0.25, seed=3)
+    assert {r.task_id for r in train}.isdisjoint({r.task_id for r in test})
+    assert len(train) + len(test) == len(logs) and len({r.task_id for r in test}) == 3
+    assert [r.task_id for r in split_by_task(logs, 0.25, seed=3)[1]] == [r.task_id for r in test]
+
+
+# --------------------------------------------------------------- features
+def test_summarize_script_finds_structure_and_failure_signals():
+    s = summarize_script(_script("forest", "binary", 300), "binary")
+    assert s.families["forest"] == 1 and s.hyperparameters["n_estimators"] == 300 and s.hyperparameters["max_depth"] == 17
+    assert s.counts["writes_submission"] == 1 and s.counts["n_bad_imports"] == 0 and s.counts["n_undefined_names"] == 0
+    assert s.counts["reads_train"] == 1
+    s = summarize_script(_BROKEN["runtime_error"][0], "binary")
+    assert s.bad_imports == ["xgboost"]
+    s = summarize_script(_BROKEN["runtime_error"][1], "binary")
+    assert s.undefined_names == ["RandomForestClassifier"]
+    assert summarize_script(_BROKEN["runtime_error"][2]).counts["n_csv_outside_data"] == 1
+    assert summarize_script(_BROKEN["no_submission"][0]).counts["writes_submission"] == 0
+    assert summarize_script(_BROKEN["timeout"][0]).counts["n_while_true"] == 1
+    s = summarize_script(_script("linear", "regression", 10).replace("Ridge(alpha=10)", "LogisticRegression()"), "regression")
+    assert s.counts["n_classifier_on_regression"] == 1
+    assert summarize_script("x = (", None).compiles is False
+
+
+# ----------------------------------------------------------- code outcome
+def test_code_outcome_model_generalises_to_held_out_tasks(model, split):
+    test = split[1]
+    preds = model.predict([r.context for r in test], [r.code for r in test])
+    assert all(p is not None and p.source == "wm" and p.cost >= 0 for p in preds)
+    acc = np.mean([p.status == r.outcome.status for p, r in zip(preds, test)])
+    assert acc >= 0.85, acc
+    valid = [(p.metrics["percentile"], r.outcome.metrics["percentile"]) for p, r in zip(preds, test) if r.outcome.status == "valid"]
+    rho = np.corrcoef(*zip(*valid))[0, 1]
+    assert rho >= 0.8, rho
+    for p, r in zip(preds, test):
+        if r.outcome.status == "syntax_error":
+            assert p.status == "syntax_error" and p.score == 0.0 and p.metrics == {"compile_gate": True}
+        assert 0.0 <= p.score <= 1.0 and abs(sum(p.metrics.get("p_status", {"x": 1.0}).values()) - 1) < 1e-6
+    bad = next(p for p, r in zip(preds, test) if "xgboost" in r.code)
+    assert "xgboost" in bad.feedback
+
+
+def test_score_modes(split):
+    recs = split[0]
+    argmax = CodeOutcomeModel(CodeOutcomeConfig(max_iter=30, min_samples_leaf=3, score_mode="argmax")).fit(recs)
+    preds = argmax.predict([r.context for r in split[1]], [r.code for r in split[1]])
+    for p in preds:
+        expect = ladder_score(p.status, p.metrics.get("percentile"))
+        assert p.score == pytest.approx(expect)
+    with pytest.raises(ValueError, match="score_mode"):
+        CodeOutcomeConfig(score_mode="mean")
+
+
+def test_save_load_round_trip(tmp_path, model, split):
+    test = split[1]
+    model.save(tmp_path / "m")
+    assert json.loads((tmp_path / "m" / "meta.json").read_text())["classes"] == model.classes_
+    loaded = CodeOutcomeModel.load(tmp_path / "m")
+    a = model.predict([r.context for r in test], [r.code for r in test])
+    b = loaded.predict([r.context for r in test], [r.code for r in test])
+    assert [(x.status, x.score) for x in a] == [(y.status, y.score) for y in b]
+    with pytest.raises(FileNotFoundError, match="holds no CodeOutcomeModel"):
+        CodeOutcomeModel.load(tmp_path / "nothing")
+
+
+def test_update_learns_from_anchor_outcomes(split):
+    train, test = split
+    # The held-out tasks turn out to reward linear models (unlike the training tasks):
+    # real outcomes of these scripts arrive as anchors.
+    flipped = [
+        LogRecord(r.task_id, r.code, r.context, Outcome("valid", ladder_score("valid", 0.95), metrics={"percentile": 0.95}), r.solution_id, "anchor")
+        for r in test if "Ridge(alpha" in r.code or "LogisticRegression(C" in r.code
+    ]  # fmt: skip
+    cfg = CodeOutcomeConfig(max_iter=60, min_samples_leaf=3, anchor_weight=5.0)
+    m = CodeOutcomeModel(cfg).fit(train)
+    before = np.mean([p.metrics["percentile"] for p in m.predict([r.context for r in flipped], [r.code for r in flipped])])
+    n_before = m.info["n_used"]
+    m.update(flipped)
+    after = np.mean([p.metrics["percentile"] for p in m.predict([r.context for r in flipped], [r.code for r in flipped])])
+    assert m.info["n_used"] == n_before + len(flipped) and m.info["n_updates"] == 1
+    assert after > before + 0.2, (before, after)
+    with pytest.raises(RuntimeError, match="keep_training_data"):
+        CodeOutcomeModel(CodeOutcomeConfig(max_iter=5, keep_training_data=False)).fit(train).update(flipped)
+
+
+def test_fit_rejects_unusable_records():
+    rec = LogRecord("t", "x = (", {}, Outcome("syntax_error", 0.0))
+    with pytest.raises(ValueError, match="no usable records"):
+        CodeOutcomeModel().fit([rec])
+
+
+# ------------------------------------------------------------ noisy oracle
+def test_noisy_oracle_bias_noise_and_unknowns(logs):
+    lookup = LoggedOutcomes(logs)
+    ctx = [r.context for r in logs[:50]]
+    codes = [r.code for r in logs[:50]]
+    truth = np.array([r.outcome.score for r in logs[:50]])
+    exact = NoisyOracle(lookup).predict(ctx, codes)
+    assert [o.score for o in exact] == pytest.approx(truth) and all(o.source == "wm" and o.metrics == {} for o in exact)
+    biased = NoisyOracle(lookup, bias="quadratic").predict(ctx, codes)
+    assert [o.score for o in biased] == pytest.approx(np.clip(0.25 + 0.55 * truth + 0.2 * truth**2, 0, 1))
+    a = [o.score for o in NoisyOracle(lookup, "quadratic", sigma=0.05, seed=7).predict(ctx, codes)]
+    b = [o.score for o in NoisyOracle(lookup, "quadratic", sigma=0.05, seed=7).predict(ctx, codes)]
+    assert a == b and min(a) >= 0.0 and max(a) <= 1.0
+    resid = np.array(a) - np.clip(BIAS_PRESETS["quadratic"](truth), 0, 1)
+    assert 0.02 < resid.std() < 0.08
+    assert NoisyOracle(lookup).predict([{"task_id": "nope"}], ["x=1"]) == [None]
+    assert predict_requests(NoisyOracle(lookup), [GradingRequest(ctx[0], codes[0])])[0].score == truth[0]
+    with pytest.raises(ValueError, match="unknown bias preset"):
+        NoisyOracle(lookup, bias="cubic")
+    with pytest.raises(ValueError, match="sigma"):
+        NoisyOracle(lookup, sigma=-1)
+
+
+# --------------------------------------------------------------- fidelity
+@pytest.mark.parametrize("sigma, min_drop", [(0.005, 0.9), (0.05, 0.4)])
+def test_fidelity_calibration_removes_synthetic_bias(sigma, min_drop):
+    rng = np.random.default_rng(0)
+    t = rng.uniform(0, 1, 4000)
+    groups = np.repeat(np.arange(500), 8)
+    w = np.clip(BIAS_PRESETS["quadratic"](t) + rng.normal(0, sigma, t.size), 0, 1)
+    r = fidelity_from_scores(list(w), t, list(groups))
+    assert r.bias_after <= (1 - min_drop) * r.bias_before, (r.bias_before, r.bias_after)
+    assert r.spearman > 0.9 and r.n_eval == 2000 and r.n_calibration == 2000
+    assert r.mae_after < r.mae_before
+
+
+def test_centred_bias_ignores_group_offsets_and_singletons():
+    assert centred_bias([0.5, 0.7, 0.1], [0.0, 0.2, 0.9], ["a", "a", "b"]) == pytest.approx((0.0, 0.0), abs=1e-12)
+    b, v = centred_bias([0.0, 1.0, 0.0, 1.0], [0.4, 0.6, 0.4, 0.6], ["a", "a", "b", "b"])
+    assert b == pytest.approx(0.4) and v == pytest.approx(0.0)
+    assert centred_bias([0.1], [0.2], ["a"]) == (None, None)
+    with pytest.raises(ValueError, match="differ in length"):
+        centred_bias([0.1], [0.2, 0.3], ["a"])
+
+
+def test_fidelity_report_unknowns_are_none_not_zero():
+    r = fidelity_from_scores([None, 0.5, 0.5], [0.1, 0.2, 0.3], ["a", "a", "a"], calibration_fraction=0.0)
+    assert r.coverage == pytest.approx(2 / 3) and r.spearman is None and r.bias_after is None and r.mae_after is None
+    assert "| Spearman (pooled) | n/a |" in r.to_markdown()
+
+
+def test_evaluate_fidelity_of_code_outcome_model(model, split):
+    rep = evaluate_fidelity(model, split[1], calibration_fraction=0.5, seed=0)
+    assert rep.n_records == len(split[1]) and rep.coverage == 1.0 and rep.n_groups == 3
+    assert rep.status_accuracy >= 0.85 and rep.spearman >= 0.8 and rep.spearman_within_group >= 0.8
+    md = rep.to_markdown()
+    assert md.startswith("| metric | CodeOutcomeModel |") and "| status accuracy |" in md
+
+
+# -------------------------------------------------------------------- CLI
+def test_cli_fit_fidelity_update(tmp_path, split, capsys):
+    train, test = split
+    write_logs(tmp_path / "train.jsonl", train)
+    write_logs(tmp_path / "test.jsonl", test)
+    assert cli.main(["fit", "--logs", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "m"), "--max-iter", "30", "--min-samples-leaf", "3"]) == 0
+    assert (tmp_path / "m" / "model.joblib").is_file()
+    assert cli.main(["fidelity", "--model", str(tmp_path / "m"), "--logs", str(tmp_path / "test.jsonl"), "--json", str(tmp_path / "f.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| status accuracy |" in out and json.loads((tmp_path / "f.json").read_text())["n_records"] == len(test)
+    assert cli.main(["update", "--model", str(tmp_path / "m"), "--logs", str(tmp_path / "test.jsonl"), "--out", str(tmp_path / "m2")]) == 0
+    assert CodeOutcomeModel.load(tmp_path / "m2").info["n_used"] > CodeOutcomeModel.load(tmp_path / "m").info["n_used"]
+    with pytest.raises(SystemExit):
+        cli.main(["fit", "--logs", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "x"), "--split", "nosuch"])
