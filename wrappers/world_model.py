@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.vector import VectorEnv, VectorWrapper
 from gymnasium.vector.utils import iterate
 
@@ -267,6 +268,11 @@ class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper):
     the batch's predict time divided over its predictions; ``real_seconds`` is the wall
     time of the vector step, on each sub-env that graded for real (they run in parallel).
     With same-step autoreset, the keys of an episode's last step are in ``info["final_info"]``.
+
+    Autoreset: same-step (recommended, as for LLM envs) and disabled work with any seam env.
+    Under next-step autoreset, a sub-env about to autoreset is asked for
+    ``grading_request(None)`` after its episode ended; envs that refuse that (the
+    AutoResearch env raises) need one of the other modes.
     """
 
     def __init__(self, env: VectorEnv, world_model: "WorldModel", mode: str = "wm") -> None:
@@ -286,8 +292,21 @@ class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper):
     def step(self, actions: Any):
         n = self.num_envs
         stepped = self._steps.stepped()
-        self.env.set_attr("pending_action", list(iterate(self.action_space, actions)))
-        requests = self.env.call("pending_grading_request")
+        # A sub-env that autoresets in this step (next-step mode) gets no action: its
+        # episode is over, so it has nothing to grade.
+        pending_actions = [a if stepped[i] else None for i, a in enumerate(iterate(self.action_space, actions))]
+        self.env.set_attr("pending_action", pending_actions)
+        try:
+            requests = self.env.call("pending_grading_request")
+        except Exception as err:
+            if stepped.all():
+                raise
+            raise RuntimeError(
+                "VectorWorldModelWrapper: pending_grading_request failed while sub-envs "
+                f"{np.flatnonzero(~stepped).tolist()} wait for their next-step autoreset; this env cannot "
+                "answer grading_request(None) after an episode ended. Use autoreset_mode=SAME_STEP or "
+                "DISABLED for it."
+            ) from err
         modes: list[str | None] = [m if (stepped[i] and requests[i] is not None) else None for i, m in enumerate(self.modes)]
         wm_idx = [i for i in range(n) if modes[i] in ("wm", "both")]
         raw_list, cal_list, wm_seconds = self._grader.predict([requests[i] for i in wm_idx])
