@@ -222,9 +222,17 @@ class LiberoLongEnv(OutcomeSeam, gym.Env):
         obs["instruction"] = self.task.instruction
         return obs
 
+    def state_vector(self, obs: dict[str, Any]) -> np.ndarray:
+        """The trajectory state of ``obs`` (taken now): proprioception + simulator joint positions."""
+        return np.concatenate([obs["proprio"], np.asarray(self.sim_env.sim.data.qpos, dtype=np.float32)])
+
+    def observe_now(self) -> dict[str, Any]:
+        """Re-read the observation of the current simulator state (after editing it through ``sim_env``)."""
+        self._obs = self._observe(self.sim_env.env._get_observations(force_update=True))
+        return self._obs
+
     def _record(self, obs: dict[str, Any]) -> None:
-        qpos = np.asarray(self.sim_env.sim.data.qpos, dtype=np.float32)
-        self._states.append(np.concatenate([obs["proprio"], qpos]))
+        self._states.append(self.state_vector(obs))
         if self.config.cameras and self.config.record_frames:
             self._frames.append(obs["agentview_image"])
 
