@@ -144,6 +144,7 @@ class Scaffold(Protocol):
 
 # ------------------------------------------------------------------ raw code scaffold
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+_IMPORT_LINE = re.compile(r"^[ \t]*(?:import|from)[ \t]+[A-Za-z_]", re.M)
 _CODE_START = re.compile(r"^(import |from \S+ import |def |class |[A-Za-z_][A-Za-z0-9_]* = )", re.M)
 
 
@@ -153,7 +154,7 @@ def extract_script(text: str) -> str | None:
     Prefers the last fenced block tagged ``python``/``py``; otherwise the longest fenced
     block; an opening fence without a closing one runs to the end of the text; with no
     fence at all, the text from the first line that looks like code (``import``, ``from``,
-    ``def``, an assignment) when it also contains ``import``.
+    ``def``, an assignment) when an import line follows.
     """
     blocks = [(lang.lower(), body.strip("\n")) for lang, body in _FENCE.findall(text)]
     blocks = [(lang, body) for lang, body in blocks if body.strip()]
@@ -162,7 +163,7 @@ def extract_script(text: str) -> str | None:
         script = tagged[-1] if tagged else max((body for _, body in blocks), key=len)
         return script.strip() or None
     match = _CODE_START.search(text)
-    if match and "import" in text[match.start() :]:
+    if match and _IMPORT_LINE.search(text, match.start()):
         return text[match.start() :].strip()
     return None
 
