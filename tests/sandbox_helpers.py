@@ -95,7 +95,7 @@ def tcp_server():
 
 HIDDEN_PROBE = """
 import os
-for path in [{labels!r}, "/root", "/work", "/home", "/proc/1/root{labels}"]:
+for path in [{labels!r}, "/root", "/work", "/proc/1/root{labels}"]:
     try:
         if os.path.isdir(path):
             print(path, "LISTED", os.listdir(path))

@@ -190,7 +190,7 @@ def test_missing_bwrap_warns_loudly_and_still_limits(public_tmp):
     (1, "OSError: [Errno 27] File too large\n", 0.1, "killed_limit"),
     (1, "BlockingIOError: [Errno 11] Resource temporarily unavailable\n", 0.1, "killed_limit"),
     (-signal.SIGXCPU, "", 1.0, "timeout"),
-    (-signal.SIGKILL, "", 1.95, "timeout"),
+    (-signal.SIGKILL, "", 1.9, "timeout"),
     (-signal.SIGKILL, "", 0.2, "error"),
     (-signal.SIGXFSZ, "", 0.2, "killed_limit"),
     (-signal.SIGSEGV, "", 0.2, "error"),

@@ -163,7 +163,7 @@ def test_hidden_path_is_not_readable(executor, public_tmp):
     assert r.status == "ok", r.stderr_tail
     assert "SECRET-LABEL-7f3a" not in r.stdout_tail
     assert "LISTED" not in r.stdout_tail, r.stdout_tail
-    assert r.stdout_tail.count("DENIED") == 5
+    assert r.stdout_tail.count("DENIED") == 4
 
 
 def test_tcp_to_host_loopback_fails(executor, tcp_server):

@@ -1,18 +1,24 @@
-"""Sandbox launcher: run as the sandbox uid, *outside* the sandbox, by ``python3 -S -I -c``.
+"""Sandbox launcher: the first process of every run, started as ``python3 -S -I -c <this file>``.
 
-Usage: ``python3 -S -I -c <this file> REPORT_FD OWN_UID LIMITS_JSON CMD...`` where LIMITS_JSON
-maps ``RLIMIT_*`` names to ``[soft, hard]`` and OWN_UID is ``1`` when this uid belongs to this
-run alone (then every process of the uid is the sandbox's, and is swept at the end).
+Usage: ``python3 -S -I -c <this file> OPTIONS_JSON CMD...`` with OPTIONS_JSON keys:
 
-Forks, applies the rlimits in the child (single-threaded here, so that is safe), execs
-``CMD`` (bwrap), waits for it and writes ``{"status", "utime", "stime", "maxrss_kb"}`` as
-JSON to ``REPORT_FD``. It exists because ``wait4`` in the (possibly large) host process
-would report the host's own RSS as the sandbox's peak: a forked child starts with its
-parent's resident set counted. This process is tiny, so its children's figures are the
-sandbox's. SIGTERM makes it SIGKILL the sandbox and still report. With OWN_UID it returns
-only once no other process of its uid is left (so the uid can be reused at once).
+* ``rlimits``: ``RLIMIT_*`` name -> ``[soft, hard]``, applied to CMD only.
+* ``report_fd``: fd that receives ``{"status", "utime", "stime", "maxrss_kb"}`` as JSON
+  once CMD has exited (or ``null``).
+* ``sweep``: every other process of this uid (or of this container) belongs to the run:
+  SIGKILL them all when CMD exits, and return only once none is left.
+* ``hold_seconds``: after that, stay alive up to this long until SIGTERM, then exit with
+  CMD's exit code (``128 + signal`` for a signal death). The Docker backend uses this to
+  read the container's cgroup counters before the engine deletes the cgroup.
 
-Reads only the standard library; must run under any python3 >= 3.8.
+SIGTERM while CMD runs kills it (everything, with ``sweep``) and the launcher still reports.
+
+Local backend: runs as the sandbox uid outside bwrap, so ``wait4`` in this tiny process
+yields the sandbox's true CPU time and peak RSS (``wait4`` in the host process would count
+the host's own resident set, which a forked child starts with). Docker backend: the
+container's pid 1.
+
+Standard library only; runs under any python3 >= 3.9.
 """
 
 import json
@@ -24,36 +30,46 @@ import time
 
 
 def main() -> None:
-    report_fd = int(sys.argv[1])
-    own_uid = sys.argv[2] == "1"
-    limits = json.loads(sys.argv[3])
-    cmd = sys.argv[4:]
-    child = [0]
+    opts = json.loads(sys.argv[1])
+    cmd = sys.argv[2:]
+    state = {"child": 0, "stop": False}
 
-    def kill_child(signum, frame):
-        if own_uid:
-            os.kill(-1, signal.SIGKILL)  # every process of this uid but us: the whole sandbox
-        elif child[0]:
-            os.kill(child[0], signal.SIGKILL)
+    def on_term(signum, frame):
+        state["stop"] = True
+        try:
+            if opts.get("sweep"):
+                os.kill(-1, signal.SIGKILL)  # every process of this uid but us: the whole sandbox
+            elif state["child"]:
+                os.kill(state["child"], signal.SIGKILL)
+        except ProcessLookupError:  # nothing left to kill
+            pass
 
-    signal.signal(signal.SIGTERM, kill_child)
+    signal.signal(signal.SIGTERM, on_term)
+    report_fd = opts.get("report_fd")
     pid = os.fork()
     if pid == 0:
         try:
-            os.close(report_fd)
+            if report_fd is not None:
+                os.close(report_fd)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            for name, (soft, hard) in limits.items():
+            for name, (soft, hard) in opts.get("rlimits", {}).items():
                 resource.setrlimit(getattr(resource, name), (soft, hard))
             os.execv(cmd[0], cmd)
         except BaseException as e:  # noqa: BLE001 -- nothing may escape a forked child
             os.write(2, ("wmrl sandbox launcher: cannot start %r: %r\n" % (cmd[0], e)).encode())
         os._exit(127)
-    child[0] = pid
+    state["child"] = pid
     _, status, ru = os.wait4(pid, 0)
-    if own_uid:
+    if opts.get("sweep"):
         _sweep()
-    report = {"status": status, "utime": ru.ru_utime, "stime": ru.ru_stime, "maxrss_kb": ru.ru_maxrss}
-    os.write(report_fd, json.dumps(report).encode())
+    if report_fd is not None:
+        report = {"status": status, "utime": ru.ru_utime, "stime": ru.ru_stime, "maxrss_kb": ru.ru_maxrss}
+        os.write(report_fd, json.dumps(report).encode())
+    deadline = time.monotonic() + opts.get("hold_seconds", 0)
+    while not state["stop"] and time.monotonic() < deadline:
+        time.sleep(0.005)
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(128 - code if code < 0 else code)
 
 
 def _sweep(timeout: float = 5.0) -> None:
@@ -71,7 +87,16 @@ def _sweep(timeout: float = 5.0) -> None:
                     continue
         if not left:
             return
-        os.kill(-1, signal.SIGKILL)  # never fails for lack of targets: don't rely on ESRCH
-        time.sleep(0.005)
+        try:
+            os.kill(-1, signal.SIGKILL)  # on a host, never ESRCH (others' processes count): scan /proc
+        except ProcessLookupError:
+            pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:  # as a container's pid 1, orphans are ours to reap
+                pass
+        except ChildProcessError:
+            pass
+        time.sleep(0.002)
+
 
 main()

@@ -311,8 +311,8 @@ def classify_exit(returncode: int | None, stderr_tail: str, cpu_seconds: float |
     if returncode == 0:
         return "ok", ""
     sig = -returncode if returncode is not None and returncode < 0 else None
-    # rusage and the kernel's rlimit tick disagree by a few percent
-    cpu_exhausted = cpu_seconds is not None and cpu_seconds >= 0.9 * limits.cpu_seconds
+    # rusage reads up to ~10% below the clock the kernel enforces RLIMIT_CPU with
+    cpu_exhausted = cpu_seconds is not None and cpu_seconds >= 0.75 * limits.cpu_seconds
     if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_exhausted):
         return "timeout", f"CPU time limit of {limits.cpu_seconds:g} s exceeded"
     if sig == signal.SIGXFSZ:

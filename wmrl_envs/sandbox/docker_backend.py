@@ -10,16 +10,20 @@ read-write at ``/sandbox``; inputs inside it are root-owned read-only copies. Ou
 streams through an attach socket with a byte cap; the container's log driver is off so
 a flood never reaches the engine's disk.
 
-CPU seconds and peak memory come from the container's cgroup (``cpuacct`` /
-``memory.max_usage_in_bytes`` on cgroup v1, ``cpu.stat`` / ``memory.peak`` on v2), read
-after the container exits and before it is removed; ``None`` when the engine's cgroups
-are not visible from here (e.g. a remote engine).
+The container's pid 1 is the same launcher as the local backend's
+(:mod:`wmrl_envs.sandbox._launcher`): when the script exits it kills every leftover process
+(as the local pid namespace does) and keeps the container -- hence its cgroup -- alive
+until the host has read the counters: CPU seconds and peak memory (including page cache)
+from ``cpuacct.usage`` / ``memory.max_usage_in_bytes`` (cgroup v1) or ``cpu.stat`` /
+``memory.peak`` (v2). They are ``None`` when the engine's cgroups are not visible from
+here (e.g. a remote engine); the run is otherwise the same.
 
 Classes: :class:`DockerExecutor`, :class:`DockerConfig`.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
@@ -39,6 +43,7 @@ from wmrl_envs.sandbox.base import (
     classify_exit,
 )
 from wmrl_envs.sandbox.image import docker_client, image_exists, image_tag
+from wmrl_envs.sandbox.local import LAUNCHER_SOURCE
 
 __all__ = ["DockerExecutor", "DockerConfig"]
 
@@ -124,63 +129,65 @@ class DockerExecutor:
             work.cleanup()
         return ExecutionResult(**{**result, "files": files})
 
-    def _create(self, work: WorkDir, limits: Limits):
+    def _create(self, work: WorkDir, limits: Limits, hold: bool):
         from docker.types import LogConfig, Ulimit
 
         cpu = math.ceil(limits.cpu_seconds)
+        opts = {"sweep": True, "hold_seconds": _HOLD_SECONDS if hold else 0}
+        command = [self.config.python, "-S", "-I", "-c", LAUNCHER_SOURCE, json.dumps(opts), self.config.python, "main.py"]
         return self.client.containers.create(
-            self.image, [self.config.python, "main.py"], working_dir=SANDBOX_DIR, user=self.config.user,
+            self.image, command, working_dir=SANDBOX_DIR, user=self.config.user,
             environment=dict(self.config.env), hostname="sandbox", network_mode="none",
-            mem_limit=limits.memory_bytes, memswap_limit=limits.memory_bytes, pids_limit=limits.max_processes,
+            mem_limit=limits.memory_bytes, memswap_limit=limits.memory_bytes,
+            pids_limit=limits.max_processes + 1,  # + the launcher
             nano_cpus=int(self.config.cpus * 1e9), read_only=True,
-            tmpfs={"/tmp": f"size={limits.max_file_bytes},mode=1777"},
+            tmpfs={"/tmp": f"size={limits.max_file_bytes},mode=1777",
+                   "/dev/shm": f"size={limits.max_file_bytes},mode=1777"},
             cap_drop=["ALL"], security_opt=["no-new-privileges"],
-            ulimits=[Ulimit(name="cpu", soft=cpu, hard=cpu), Ulimit(name="data", soft=limits.memory_bytes, hard=limits.memory_bytes),
+            ulimits=[Ulimit(name="cpu", soft=cpu, hard=cpu),
+                     Ulimit(name="data", soft=limits.memory_bytes, hard=limits.memory_bytes),
                      Ulimit(name="fsize", soft=limits.max_file_bytes, hard=limits.max_file_bytes),
                      Ulimit(name="core", soft=0, hard=0)],
             volumes={str(work.path): {"bind": SANDBOX_DIR, "mode": "rw"}},
             log_config=LogConfig(type="none"), labels={"org.wmrl.sandbox": "run"}, detach=True)
 
     def _run_container(self, work: WorkDir, limits: Limits) -> dict:
-        import requests.exceptions
-
-        container = self._create(work, limits)
+        hold = _ContainerCgroup.visible()
+        container = self._create(work, limits, hold)
         try:
             out, err = OutputTail(limits.tail_bytes), OutputTail(limits.tail_bytes)
-            killed: list[tuple[str, str]] = []
+            flooded = threading.Event()
             stream = container.attach(stdout=True, stderr=True, stream=True, logs=False, demux=True)
 
             def pump() -> None:
+                # Keeps draining after the cap: the engine will not finish a killed
+                # container while its attach stream is blocked.
                 for chunk_out, chunk_err in stream:
                     out.add(chunk_out or b"")
                     err.add(chunk_err or b"")
-                    if out.total + err.total > limits.max_output_bytes and not killed:
-                        killed.append(("killed_limit", f"output limit of {limits.max_output_bytes} bytes exceeded"))
-                        _kill(container)
-                        return
+                    if out.total + err.total > limits.max_output_bytes:
+                        flooded.set()
 
             reader = threading.Thread(target=pump, name="wmrl-docker-output", daemon=True)
             reader.start()
             start = time.monotonic()
             container.start()
-            try:
-                exit_code = container.wait(timeout=limits.wall_seconds)["StatusCode"]
-            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-                if not killed:
-                    killed.append(("timeout", f"wall time limit of {limits.wall_seconds:g} s exceeded"))
-                _kill(container)
-                exit_code = container.wait()["StatusCode"]
-            wall = time.monotonic() - start
+            killed, wall, cpu, peak = self._watch(container, limits, start, flooded, hold)
+            if killed:
+                _signal(container, "SIGKILL")
+            elif hold:
+                _signal(container, "SIGTERM")  # stats are read: let the launcher exit with the code
+            exit_code = container.wait()["StatusCode"]
+            wall = wall if wall is not None else time.monotonic() - start
             reader.join(timeout=5)
             stream.close()
             container.reload()
             oom = container.attrs["State"].get("OOMKilled", False)
-            cpu, peak = _cgroup_usage(container.id)
         finally:
             container.remove(force=True)
         returncode = -(exit_code - 128) if 128 < exit_code < 128 + 65 else exit_code
         if killed:
-            status, reason = killed[0]
+            status, reason = killed
         elif oom:
             status, reason = "killed_memory", f"memory limit of {limits.memory_bytes} bytes exceeded (OOM-killed)"
         else:
@@ -188,33 +195,94 @@ class DockerExecutor:
         return dict(status=status, returncode=returncode, stdout_tail=out.text(), stderr_tail=err.text(),
                     wall_seconds=wall, cpu_seconds=cpu, peak_rss_bytes=peak, backend=self.backend, reason=reason)
 
+    def _watch(self, container, limits: Limits, start: float, flooded: threading.Event, hold: bool):
+        """Wait for the script to finish or be killed: ``(killed, wall, cpu, peak)``.
 
-def _kill(container) -> None:
+        With the cgroup visible, the script is done when only the launcher is left in it
+        (``pids.current == 1`` after more than one was seen); the counters are read then,
+        while the launcher holds the cgroup alive. Otherwise wait on the engine.
+        """
+        import requests.exceptions
+
+        deadline = start + limits.wall_seconds
+        cg, seen_script = None, False
+        while True:
+            now = time.monotonic()
+            killed = None
+            if flooded.is_set():
+                killed = ("killed_limit", f"output limit of {limits.max_output_bytes} bytes exceeded")
+            elif now >= deadline:
+                killed = ("timeout", f"wall time limit of {limits.wall_seconds:g} s exceeded")
+            if not hold:
+                if killed:
+                    return killed, now - start, None, None
+                try:
+                    container.wait(timeout=min(0.05, max(deadline - now, 0.001)))
+                    return None, time.monotonic() - start, None, None
+                except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                    continue
+            cg = cg or _ContainerCgroup.locate(container.id)
+            pids = cg.pids() if cg else None
+            if killed or (pids is not None and pids <= 1 and seen_script):
+                return killed, now - start, *(cg.usage() if cg else (None, None))
+            if pids is None and cg is not None:  # cgroup gone: the container ended by itself
+                return None, now - start, None, None
+            seen_script = seen_script or (pids or 0) > 1
+            time.sleep(0.005)
+
+
+#: How long the launcher keeps a finished container alive for its counters to be read.
+_HOLD_SECONDS = 5.0
+
+
+def _signal(container, sig: str) -> None:
     import docker.errors
 
     try:
-        container.kill()
+        container.kill(signal=sig)
     except docker.errors.APIError:
         pass  # already exited
 
 
-def _cgroup_usage(container_id: str) -> tuple[float | None, int | None]:
-    """(CPU seconds, peak memory bytes) of a stopped container's cgroup, ``None`` where unreadable."""
-    def read(*candidates: Path) -> str | None:
-        for path in candidates:
-            try:
-                return path.read_text()
-            except OSError:
-                continue
+class _ContainerCgroup:
+    """The counters of a running container's cgroup (v1 ``cgroupfs`` or v2 layouts)."""
+
+    def __init__(self, pids: Path, cpu: Path, cpu_v2: bool, memory: Path):
+        self._pids, self._cpu, self._cpu_v2, self._memory = pids, cpu, cpu_v2, memory
+
+    @staticmethod
+    def visible() -> bool:
+        """Whether the engine's container cgroups can be read from here."""
+        return any(p.is_dir() for p in (_CGROUP_ROOT / "pids" / "docker", _CGROUP_ROOT / "docker",
+                                        _CGROUP_ROOT / "system.slice"))
+
+    @classmethod
+    def locate(cls, container_id: str) -> "_ContainerCgroup | None":
+        v1 = {c: _CGROUP_ROOT / c / "docker" / container_id for c in ("pids", "cpuacct", "memory")}
+        if v1["pids"].is_dir():
+            return cls(v1["pids"] / "pids.current", v1["cpuacct"] / "cpuacct.usage", False,
+                       v1["memory"] / "memory.max_usage_in_bytes")
+        for d in (_CGROUP_ROOT / "system.slice" / f"docker-{container_id}.scope", _CGROUP_ROOT / "docker" / container_id):
+            if d.is_dir():
+                return cls(d / "pids.current", d / "cpu.stat", True, d / "memory.peak")
         return None
 
-    v1 = [_CGROUP_ROOT / c / "docker" / container_id for c in ("cpuacct", "memory")]
-    v2 = [_CGROUP_ROOT / "system.slice" / f"docker-{container_id}.scope", _CGROUP_ROOT / "docker" / container_id]
-    cpu_ns = read(v1[0] / "cpuacct.usage")
-    cpu = int(cpu_ns) / 1e9 if cpu_ns else None
-    if cpu is None:
-        stat = read(*(d / "cpu.stat" for d in v2))
-        usage = dict(line.split() for line in stat.splitlines()).get("usage_usec") if stat else None
-        cpu = int(usage) / 1e6 if usage else None
-    peak = read(v1[1] / "memory.max_usage_in_bytes", *(d / "memory.peak" for d in v2))
-    return cpu, (int(peak) if peak else None)
+    def pids(self) -> int | None:
+        try:
+            return int(self._pids.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def usage(self) -> tuple[float | None, int | None]:
+        """(CPU seconds, peak memory bytes incl. page cache); ``None`` where unreadable."""
+        try:
+            text = self._cpu.read_text()
+            cpu = int(dict(line.split() for line in text.splitlines())["usage_usec"]) / 1e6 if self._cpu_v2 \
+                else int(text) / 1e9
+        except (OSError, ValueError, KeyError):
+            cpu = None
+        try:
+            peak = int(self._memory.read_text())
+        except (OSError, ValueError):
+            peak = None
+        return cpu, peak

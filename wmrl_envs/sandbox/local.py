@@ -55,7 +55,7 @@ from wmrl_envs.sandbox.base import (
     classify_exit,
 )
 
-__all__ = ["LocalExecutor", "LocalConfig"]
+__all__ = ["LocalExecutor", "LocalConfig", "LAUNCHER_SOURCE"]
 
 log = logging.getLogger(__name__)
 
@@ -298,8 +298,9 @@ class LocalExecutor:
         start = time.monotonic()
         try:
             proc = subprocess.Popen(
-                [self.config.python, "-S", "-I", "-c", _LAUNCHER, str(report_w), "1" if uid is not None else "0",
-                 json.dumps(self._rlimits(limits)), *self._command(str(work.path), limits)],
+                [self.config.python, "-S", "-I", "-c", LAUNCHER_SOURCE,
+                 json.dumps({"rlimits": self._rlimits(limits), "report_fd": report_w, "sweep": uid is not None}),
+                 *self._command(str(work.path), limits)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=[report_w],
                 cwd="/" if self.sandboxed else str(work.path), env=dict(self.config.env),
                 start_new_session=True, **self._user_kwargs(uid))
@@ -371,7 +372,9 @@ class LocalExecutor:
         return killed, out, err
 
 
-_LAUNCHER = (Path(__file__).with_name("_launcher.py")).read_text()
+#: Source of :mod:`wmrl_envs.sandbox._launcher`, passed to ``python3 -c`` (the sandbox uid
+#: may not be able to read this package's files).
+LAUNCHER_SOURCE = Path(__file__).with_name("_launcher.py").read_text()
 
 
 def _stop(proc: subprocess.Popen) -> None:
