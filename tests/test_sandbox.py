@@ -218,3 +218,14 @@ def test_apt_mirror_reads_one_line_and_deb822_sources(tmp_path):
 
 def test_image_tag_names_suite_and_revision():
     assert image_tag("bookworm").startswith("wmrl-sandbox:bookworm-")
+
+
+def test_docker_missing_image_names_the_build_command():
+    from wmrl_envs.sandbox.image import docker_client
+
+    try:
+        docker_client()
+    except SandboxUnavailable as e:
+        pytest.skip(f"no Docker engine reachable: {e}")
+    with pytest.raises(SandboxUnavailable, match=r"python -m wmrl_envs.sandbox.cli build-image --tag wmrl-sandbox:nope"):
+        DockerExecutor(image="wmrl-sandbox:nope")

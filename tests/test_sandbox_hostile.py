@@ -189,3 +189,39 @@ def test_planted_symlink_output_is_not_followed(executor):
                      outputs=["submission.csv", "pipe.csv"], limits=SMALL)
     assert r.status == "ok", r.stderr_tail
     assert r.files == {}
+
+
+def test_process_cap_is_exact(executor):
+    # The script itself counts: with max_processes=4 it can have 3 children, not 4.
+    script = """
+import os, time
+kids = []
+for i in range(4):
+    try:
+        pid = os.fork()
+    except BlockingIOError:
+        print("fork", i, "refused")
+        break
+    if pid == 0:
+        time.sleep(5)
+        os._exit(0)
+    kids.append(pid)
+print("children", len(kids))
+"""
+    r = executor.run(script, limits=dataclasses.replace(SMALL, max_processes=4, wall_seconds=10))
+    assert r.status == "ok", (r.reason, r.stderr_tail)
+    assert r.stdout_tail == "fork 3 refused\nchildren 3\n"
+    _host_is_clean(executor)  # the sleeping children died with the script
+
+
+def test_runs_unprivileged(executor):
+    script = """
+import os
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+print(os.getuid(), os.geteuid(), status["CapEff"].strip(), status["CapPrm"].strip(), status["NoNewPrivs"].strip())
+"""
+    r = executor.run(script, limits=SMALL)
+    uid, euid, cap_eff, cap_prm, no_new_privs = r.stdout_tail.split()
+    assert int(uid) != 0 and int(euid) != 0
+    assert int(cap_eff, 16) == 0 and int(cap_prm, 16) == 0
+    assert no_new_privs == "1"

@@ -21,6 +21,13 @@ Without a working ``bwrap`` the run is still uid-dropped and rlimited, but the s
 use the network and read every world-readable host file; a loud warning says so and
 ``strict=True`` refuses instead.
 
+Known gaps (the Docker backend closes the first two with cgroups): ``RLIMIT_DATA`` and
+``RLIMIT_CPU`` are per process, so a script running ``k`` processes may use up to ``k``
+times the memory and CPU budget (``max_processes`` and the wall limit bound this); the
+``/tmp`` and ``/dev/shm`` tmpfs use memory outside ``RLIMIT_DATA``; the work dir is on the
+host's disk with only a per-file cap. The script is its pid namespace's init, so signals
+it sends itself without a handler are ignored (SIGKILL from outside always works).
+
 Classes: :class:`LocalExecutor`, :class:`LocalConfig`.
 """
 
@@ -59,9 +66,9 @@ __all__ = ["LocalExecutor", "LocalConfig", "LAUNCHER_SOURCE"]
 
 log = logging.getLogger(__name__)
 
-# Processes bwrap itself keeps alive for the sandbox's lifetime (its monitor, plus slack),
-# added to Limits.max_processes so the script gets its full allowance.
-_BWRAP_OVERHEAD_PROCS = 2
+# Processes of the sandbox uid that are not the script's (the launcher, and bwrap's
+# monitor when sandboxed), added to Limits.max_processes so the script gets its full allowance.
+_OVERHEAD_PROCS = {True: 2, False: 1}
 
 #: Host paths visible (read-only) inside the sandbox besides /usr; missing ones are skipped.
 DEFAULT_RO_PATHS = (
@@ -256,7 +263,7 @@ class LocalExecutor:
         rl = {"RLIMIT_CPU": (cpu, cpu), "RLIMIT_DATA": (limits.memory_bytes,) * 2,
               "RLIMIT_FSIZE": (limits.max_file_bytes,) * 2, "RLIMIT_CORE": (0, 0)}
         if self._is_root:  # for any other uid it would count all of the caller's processes
-            nproc = limits.max_processes + (_BWRAP_OVERHEAD_PROCS if self.sandboxed else 0)
+            nproc = limits.max_processes + _OVERHEAD_PROCS[self.sandboxed]
             rl["RLIMIT_NPROC"] = (nproc, nproc)
         return rl
 
