@@ -229,3 +229,20 @@ def test_docker_missing_image_names_the_build_command():
         pytest.skip(f"no Docker engine reachable: {e}")
     with pytest.raises(SandboxUnavailable, match=r"python -m wmrl_envs.sandbox.cli build-image --tag wmrl-sandbox:nope"):
         DockerExecutor(image="wmrl-sandbox:nope")
+
+
+def test_docker_without_visible_cgroups_reports_unknown_usage(monkeypatch):
+    """A remote engine's cgroups are not readable here: the run works, usage is None (unknown)."""
+    from wmrl_envs.sandbox import docker_backend
+    from wmrl_envs.sandbox.image import docker_client
+
+    try:
+        docker_client()
+    except SandboxUnavailable as e:
+        pytest.skip(f"no Docker engine reachable: {e}")
+    monkeypatch.setattr(docker_backend._ContainerCgroup, "visible", staticmethod(lambda: False))
+    ex = DockerExecutor()
+    r = ex.run("print('hi')", limits=SMALL)
+    assert (r.status, r.stdout_tail, r.cpu_seconds, r.peak_rss_bytes) == ("ok", "hi\n", None, None)
+    slow = ex.run("import time\ntime.sleep(60)", limits=dataclasses.replace(SMALL, wall_seconds=1))
+    assert slow.status == "timeout" and slow.wall_seconds < 5

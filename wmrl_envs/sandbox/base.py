@@ -7,6 +7,7 @@ local and Docker backends report the same thing for the same script.
 
 Classes: :class:`Limits`, :class:`ExecutionResult`, :class:`Executor`, :class:`Job`,
 :class:`SandboxUnavailable`, :class:`WorkDir`, :class:`OutputTail`.
+Functions: :func:`classify_exit`, :func:`resolve_limits`.
 Constants: :data:`STATUSES`, :data:`SANDBOX_DIR`, :data:`DEFAULT_ENV`.
 """
 
@@ -35,6 +36,7 @@ __all__ = [
     "WorkDir",
     "OutputTail",
     "classify_exit",
+    "resolve_limits",
 ]
 
 #: Every value :attr:`ExecutionResult.status` can take.
@@ -175,6 +177,15 @@ class Job:
     inputs: Mapping[str, str | os.PathLike] = field(default_factory=dict)
     outputs: Sequence[str] = ()
     limits: Limits | None = None
+
+
+def resolve_limits(limits: Limits | None) -> Limits:
+    """``limits``, or the defaults for ``None``; a clear error for anything else."""
+    if limits is None:
+        return Limits()
+    if not isinstance(limits, Limits):
+        raise TypeError(f"limits must be a Limits (or None for the defaults), got {type(limits).__name__}")
+    return limits
 
 
 def _relative_path(path: str, what: str) -> PurePosixPath:

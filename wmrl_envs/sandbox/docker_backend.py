@@ -41,6 +41,7 @@ from wmrl_envs.sandbox.base import (
     SandboxUnavailable,
     WorkDir,
     classify_exit,
+    resolve_limits,
 )
 from wmrl_envs.sandbox.image import docker_client, image_exists, image_tag
 from wmrl_envs.sandbox.local import LAUNCHER_SOURCE
@@ -106,7 +107,7 @@ class DockerExecutor:
         self.client = docker_client(client)
         if not image_exists(self.image, self.client):
             raise SandboxUnavailable(
-                f"Docker sandbox image {self.image!r} is missing. Build it once (offline, ~3-5 min, root):\n"
+                f"Docker sandbox image {self.image!r} is missing. Build it once (offline, a few minutes, as root):\n"
                 f"    python -m wmrl_envs.sandbox.cli build-image" +
                 ("" if self.config.image is None else f" --tag {self.image}"))
         self._uid, self._gid = (int(x) for x in self.config.user.split(":"))
@@ -114,9 +115,7 @@ class DockerExecutor:
     def run(self, script: str, *, inputs: Mapping[str, str | os.PathLike] | None = None,
             outputs: Sequence[str] = (), limits: Limits | None = None) -> ExecutionResult:
         """Run ``script`` as ``python3 main.py``; see :class:`~wmrl_envs.sandbox.base.Executor`."""
-        limits = limits or Limits()
-        if not isinstance(limits, Limits):
-            raise TypeError(f"limits must be a Limits, got {type(limits).__name__}")
+        limits = resolve_limits(limits)
         root = os.geteuid() == 0
         work = WorkDir(script, inputs, outputs, owner=(self._uid, self._gid) if root else None,
                        base_dir=self.config.work_base)
@@ -198,9 +197,11 @@ class DockerExecutor:
     def _watch(self, container, limits: Limits, start: float, flooded: threading.Event, hold: bool):
         """Wait for the script to finish or be killed: ``(killed, wall, cpu, peak)``.
 
-        With the cgroup visible, the script is done when only the launcher is left in it
+        With the cgroup readable, the script is done when only the launcher is left in it
         (``pids.current == 1`` after more than one was seen); the counters are read then,
-        while the launcher holds the cgroup alive. Otherwise wait on the engine.
+        while the launcher holds the cgroup alive. Otherwise wait on the engine (and the
+        counters stay unknown). Should the script come and go between two polls, the
+        launcher ends the container after its hold and the run still completes.
         """
         import requests.exceptions
 
@@ -208,27 +209,24 @@ class DockerExecutor:
         cg, seen_script = None, False
         while True:
             now = time.monotonic()
-            killed = None
-            if flooded.is_set():
-                killed = ("killed_limit", f"output limit of {limits.max_output_bytes} bytes exceeded")
-            elif now >= deadline:
-                killed = ("timeout", f"wall time limit of {limits.wall_seconds:g} s exceeded")
-            if not hold:
-                if killed:
-                    return killed, now - start, None, None
-                try:
-                    container.wait(timeout=min(0.05, max(deadline - now, 0.001)))
-                    return None, time.monotonic() - start, None, None
-                except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-                    continue
-            cg = cg or _ContainerCgroup.locate(container.id)
+            if hold and cg is None:
+                cg = _ContainerCgroup.locate(container.id)
             pids = cg.pids() if cg else None
-            if killed or (pids is not None and pids <= 1 and seen_script):
-                return killed, now - start, *(cg.usage() if cg else (None, None))
-            if pids is None and cg is not None:  # cgroup gone: the container ended by itself
-                return None, now - start, None, None
-            seen_script = seen_script or (pids or 0) > 1
-            time.sleep(0.005)
+            if flooded.is_set() or now >= deadline:
+                killed = ("killed_limit", f"output limit of {limits.max_output_bytes} bytes exceeded") \
+                    if flooded.is_set() else ("timeout", f"wall time limit of {limits.wall_seconds:g} s exceeded")
+                return killed, now - start, *(cg.usage() if pids is not None else (None, None))
+            if pids is not None:
+                if pids <= 1 and seen_script:
+                    return None, now - start, *cg.usage()
+                seen_script = seen_script or pids > 1
+                time.sleep(0.005)
+                continue
+            try:  # no cgroup to watch (not visible, or already gone): ask the engine
+                container.wait(timeout=0.05)
+                return None, time.monotonic() - start, None, None
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                continue
 
 
 #: How long the launcher keeps a finished container alive for its counters to be read.
@@ -253,8 +251,8 @@ class _ContainerCgroup:
     @staticmethod
     def visible() -> bool:
         """Whether the engine's container cgroups can be read from here."""
-        return any(p.is_dir() for p in (_CGROUP_ROOT / "pids" / "docker", _CGROUP_ROOT / "docker",
-                                        _CGROUP_ROOT / "system.slice"))
+        return any(p.is_dir() for p in (_CGROUP_ROOT / "pids" / "docker", _CGROUP_ROOT / "pids" / "system.slice",
+                                        _CGROUP_ROOT / "docker", _CGROUP_ROOT / "system.slice"))
 
     @classmethod
     def locate(cls, container_id: str) -> "_ContainerCgroup | None":
@@ -262,7 +260,12 @@ class _ContainerCgroup:
         if v1["pids"].is_dir():
             return cls(v1["pids"] / "pids.current", v1["cpuacct"] / "cpuacct.usage", False,
                        v1["memory"] / "memory.max_usage_in_bytes")
-        for d in (_CGROUP_ROOT / "system.slice" / f"docker-{container_id}.scope", _CGROUP_ROOT / "docker" / container_id):
+        scope = f"docker-{container_id}.scope"  # systemd cgroup driver
+        v1_systemd = {c: _CGROUP_ROOT / c / "system.slice" / scope for c in ("pids", "cpuacct", "memory")}
+        if v1_systemd["pids"].is_dir():
+            return cls(v1_systemd["pids"] / "pids.current", v1_systemd["cpuacct"] / "cpuacct.usage", False,
+                       v1_systemd["memory"] / "memory.max_usage_in_bytes")
+        for d in (_CGROUP_ROOT / "system.slice" / scope, _CGROUP_ROOT / "docker" / container_id):
             if d.is_dir():
                 return cls(d / "pids.current", d / "cpu.stat", True, d / "memory.peak")
         return None

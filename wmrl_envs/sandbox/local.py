@@ -60,6 +60,7 @@ from wmrl_envs.sandbox.base import (
     SandboxUnavailable,
     WorkDir,
     classify_exit,
+    resolve_limits,
 )
 
 __all__ = ["LocalExecutor", "LocalConfig", "LAUNCHER_SOURCE"]
@@ -283,9 +284,7 @@ class LocalExecutor:
     def run(self, script: str, *, inputs: Mapping[str, str | os.PathLike] | None = None,
             outputs: Sequence[str] = (), limits: Limits | None = None) -> ExecutionResult:
         """Run ``script`` as ``python3 main.py``; see :class:`~wmrl_envs.sandbox.base.Executor`."""
-        limits = limits or Limits()
-        if not isinstance(limits, Limits):
-            raise TypeError(f"limits must be a Limits, got {type(limits).__name__}")
+        limits = resolve_limits(limits)
         uid = self._uids.acquire() if self._uids else None
         try:
             work = WorkDir(script, inputs, outputs, owner=None if uid is None else (uid, uid),
