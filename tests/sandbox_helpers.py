@@ -133,4 +133,4 @@ def sandbox_processes() -> list[int]:
 
 def sandbox_containers(executor) -> list:
     """Containers (any state) the Docker backend created and did not remove."""
-    return executor.client.containers.list(all=True, filters={"label": "org.wmrl.sandbox=run"})
+    return executor.client.containers.list(all=True, filters={"label": f"org.wmrl.sandbox.executor={executor.instance_id}"})

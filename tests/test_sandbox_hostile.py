@@ -13,6 +13,7 @@ import time
 
 from sandbox_helpers import (HIDDEN_PROBE, SMALL, _docker_executor, executor, local_executor, public_tmp,  # noqa: F401
                              sandbox_containers, sandbox_processes, tcp_server, write_hidden_labels)
+from wmrl_envs.sandbox import ExecutorPool, Job
 
 TRAIN_SCRIPT = """
 import pandas as pd
@@ -225,3 +226,13 @@ print(os.getuid(), os.geteuid(), status["CapEff"].strip(), status["CapPrm"].stri
     assert int(uid) != 0 and int(euid) != 0
     assert int(cap_eff, 16) == 0 and int(cap_prm, 16) == 0
     assert no_new_privs == "1"
+
+
+def test_pool_runs_a_batch(executor):
+    jobs = [Job(f"print({i} * {i})", limits=SMALL) for i in range(3)] + [Job("raise SystemExit(2)", limits=SMALL)]
+    with ExecutorPool(executor, max_concurrent=2) as pool:
+        results = pool.map(jobs)
+    assert [r.status for r in results] == ["ok", "ok", "ok", "error"]
+    assert [r.stdout_tail for r in results[:3]] == ["0\n", "1\n", "4\n"]
+    assert results[3].returncode == 2
+    _host_is_clean(executor)

@@ -28,6 +28,7 @@ import math
 import os
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -111,6 +112,8 @@ class DockerExecutor:
                 f"    python -m wmrl_envs.sandbox.cli build-image" +
                 ("" if self.config.image is None else f" --tag {self.image}"))
         self._uid, self._gid = (int(x) for x in self.config.user.split(":"))
+        #: Labels every container of this executor (``org.wmrl.sandbox.executor``), e.g. to find leftovers.
+        self.instance_id = uuid.uuid4().hex[:12]
 
     def run(self, script: str, *, inputs: Mapping[str, str | os.PathLike] | None = None,
             outputs: Sequence[str] = (), limits: Limits | None = None) -> ExecutionResult:
@@ -148,7 +151,8 @@ class DockerExecutor:
                      Ulimit(name="fsize", soft=limits.max_file_bytes, hard=limits.max_file_bytes),
                      Ulimit(name="core", soft=0, hard=0)],
             volumes={str(work.path): {"bind": SANDBOX_DIR, "mode": "rw"}},
-            log_config=LogConfig(type="none"), labels={"org.wmrl.sandbox": "run"}, detach=True)
+            log_config=LogConfig(type="none"), labels={"org.wmrl.sandbox": "run", "org.wmrl.sandbox.executor": self.instance_id},
+            detach=True)
 
     def _run_container(self, work: WorkDir, limits: Limits) -> dict:
         hold = _ContainerCgroup.visible()
