@@ -172,3 +172,14 @@ def test_stable_baselines3_ppo_trains_through_the_stack(pool_runs, world_model):
     assert base.sandbox_runs == 0  # every candidate's real run was already in the cache
     action, _ = model.predict(0, deterministic=True)
     assert 0 <= int(action) < len(CANDIDATES)
+
+
+def test_next_step_autoreset_with_an_env_that_refuses_ended_episodes_fails_clearly(pool_runs, world_model):
+    venv = gym.vector.SyncVectorEnv([lambda: AutoResearchEnv(TASK, max_turns=1)] * 2)  # next-step autoreset
+    venv = VectorAnchorWrapper(VectorWorldModelWrapper(venv, world_model), fraction=0.0)
+    venv.reset(options={"task": TASK, "group_id": "g"})
+    script = fence(pool_runs["majority"][0])
+    _, _, terminated, _, _ = venv.step((script, script))
+    assert terminated.all()
+    with pytest.raises(RuntimeError, match="autoreset_mode=SAME_STEP or DISABLED"):
+        venv.step((script, script))

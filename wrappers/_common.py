@@ -1,17 +1,18 @@
 """Plumbing shared by the wrappers: finding a wrapper in a stack, per-sub-env vector infos,
 and which sub-envs a vector step really stepped or restarted (autoreset modes).
 
-Private module: :func:`find_wrapper`, :class:`VectorSteps`, :func:`sub_info`, :func:`put_info`.
+Private module: :func:`find_wrapper`, :class:`VectorSteps`, :func:`sub_info`, :func:`put_info`,
+:func:`json_key`.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Hashable, TypeVar
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-__all__ = ["find_wrapper", "VectorSteps", "sub_info", "put_info", "INFO_DTYPES"]
+__all__ = ["find_wrapper", "VectorSteps", "sub_info", "put_info", "json_key", "INFO_DTYPES"]
 
 W = TypeVar("W")
 
@@ -37,6 +38,11 @@ def find_wrapper(env: Any, cls: type[W], *, needed_by: str) -> W:
             return current
         current = getattr(current, "env", None)
     raise TypeError(f"{needed_by} needs a {cls.__name__} below it in the wrapper stack, got {env!r}")
+
+
+def json_key(gid: Any) -> Hashable:
+    """A group id read back from JSON: lists (JSON's tuples) become tuples again, so they hash."""
+    return tuple(json_key(x) for x in gid) if isinstance(gid, list) else gid
 
 
 def sub_info(infos: dict[str, Any], i: int) -> dict[str, Any]:

@@ -33,8 +33,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import VectorEnv, VectorWrapper
 
-from wrappers._common import VectorSteps, find_wrapper, put_info, sub_info
-from wrappers.scheduling import AnchorScheduler, _key
+from wrappers._common import VectorSteps, find_wrapper, json_key, put_info, sub_info
+from wrappers.scheduling import AnchorScheduler
 from wrappers.world_model import VectorWorldModelWrapper, WorldModelWrapper
 
 __all__ = ["AnchorWrapper", "VectorAnchorWrapper", "GroupBook"]
@@ -87,7 +87,7 @@ class GroupBook:
         return [[gid, dict(g)] for gid, g in self._groups.items()]
 
     def load_state_dict(self, state: Iterable[list[Any]]) -> None:
-        self._groups = {_key(gid): dict(g) for gid, g in state}
+        self._groups = {json_key(gid): dict(g) for gid, g in state}
 
 
 @dataclass

@@ -22,6 +22,8 @@ from typing import Any, Hashable, Iterable
 
 import numpy as np
 
+from wrappers._common import json_key
+
 __all__ = ["AnchorScheduler"]
 
 _STATE_VERSION = 1
@@ -188,11 +190,7 @@ class AnchorScheduler:
         self.n_groups = int(state["n_groups"])
         self.n_anchors = int(state["n_anchors"])
         self.n_steps = int(state["n_steps"])
-        self._decisions = {_key(gid): bool(flag) for gid, flag in state["decisions"]}
-        self._open = {_key(gid) for gid in state["open"]}
+        self._decisions = {json_key(gid): bool(flag) for gid, flag in state["decisions"]}
+        self._open = {json_key(gid) for gid in state["open"]}
         self._plan = [bool(x) for x in state["plan"]]
 
-
-def _key(gid: Any) -> Hashable:
-    # JSON turns tuples into lists; group ids are scalars, but keep lists hashable anyway.
-    return tuple(gid) if isinstance(gid, list) else gid
