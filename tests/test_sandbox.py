@@ -54,6 +54,7 @@ def test_execution_result_rejects_unknown_status():
     ({"main.py": __file__}, (), "reserved"),
     ({}, ("../../etc/passwd",), "output path must be relative"),
     ({}, ("",), "non-empty"),
+    ({}, (".",), "must name a file"),
 ])
 def test_run_rejects_paths_leaving_the_work_dir(local_executor, inputs, outputs, match):
     with pytest.raises(ValueError, match=match):

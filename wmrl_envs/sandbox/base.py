@@ -195,7 +195,9 @@ def _relative_path(path: str, what: str) -> PurePosixPath:
     p = PurePosixPath(path)
     if p.is_absolute() or any(part in ("..", "") for part in p.parts) or "\x00" in path:
         raise ValueError(f"{what} path must be relative and stay inside the work dir, got {path!r}")
-    if p.parts == (".",) or str(p) == _SCRIPT_NAME:
+    if not p.parts:
+        raise ValueError(f"{what} path must name a file inside the work dir, got {path!r}")
+    if str(p) == _SCRIPT_NAME:
         raise ValueError(f"{what} path {path!r} is reserved (the script is {_SCRIPT_NAME})")
     return p
 
