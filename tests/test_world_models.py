@@ -125,7 +125,7 @@ def model(split) -> CodeOutcomeModel:
 def test_compile_gate_is_exact_and_deterministic():
     o = compile_gate("def f(:\n  pass")
     assert o.status == "syntax_error" and o.score == 0.0 and o.source == "wm"
-    assert "line 1" in o.feedback
+    assert "line 1" in o.feedback and o.metrics == {"compile_gate": True}
     assert compile_gate("x = 1\n") is None
     assert compile_gate("x = '\\x00'") is None and compile_gate("x = 1\x00") is not None  # escaped vs raw NUL
 
@@ -133,7 +133,7 @@ def test_compile_gate_is_exact_and_deterministic():
 def test_ladder_score():
     assert ladder_score("timeout") == 0.1 and ladder_score("no_submission") == 0.2
     assert ladder_score("valid", 1.0) == 1.0 and ladder_score("valid") is None
-    with pytest.raises(ValueError, match="no ladder score"):
+    with pytest.raises(ValueError, match="unknown AutoResearch status"):
         ladder_score("success")
 
 
@@ -169,6 +169,11 @@ def test_logs_round_trip_and_errors(tmp_path, logs):
         read_logs(bad)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_logs(tmp_path / "missing.jsonl")
+    # A grader failure is logged as outcome null: kept, but carries no label.
+    unknown = LogRecord("t", "x = 1", {}, None)
+    write_logs(p, [unknown, logs[0]])
+    back = read_logs(p)
+    assert back[0].outcome is None and not back[0].known and back[1].known
 
 
 def test_split_by_task_is_disjoint_and_seeded(logs):
@@ -258,9 +263,9 @@ def test_update_learns_from_anchor_outcomes(split):
 
 
 def test_fit_rejects_unusable_records():
-    rec = LogRecord("t", "x = (", {}, Outcome("syntax_error", 0.0))
-    with pytest.raises(ValueError, match="no usable records"):
-        CodeOutcomeModel().fit([rec])
+    recs = [LogRecord("t", "x = (", {}, Outcome("syntax_error", 0.0)), LogRecord("t", "x = 1", {}, None)]
+    with pytest.raises(ValueError, match="no usable records among 2"):
+        CodeOutcomeModel().fit(recs)
 
 
 # ------------------------------------------------------------ noisy oracle

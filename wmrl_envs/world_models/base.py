@@ -6,27 +6,20 @@ the action (for AutoResearch, a Python script) it returns an :class:`Outcome` wi
 batched: one call for many (context, action) pairs, so GPU / vectorised models amortise.
 
 Classes: :class:`WorldModel`. Functions: :func:`check_batch`, :func:`predict_requests`,
-:func:`ladder_score`, :func:`compile_gate`. Constants: :data:`LADDER`.
+:func:`compile_gate`; re-exported from the AutoResearch grader (one reward ladder for
+the env and its world models): :data:`LADDER`, :func:`ladder_score`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
+from wmrl_envs.autoresearch.grading import LADDER, check_syntax, ladder_score
 from wmrl_envs.outcome import Outcome
 from wmrl_envs.seam import GradingRequest
 
 __all__ = ["WorldModel", "LADDER", "ladder_score", "compile_gate", "check_batch", "predict_requests"]
-
-#: The AutoResearch reward ladder (DESIGN.md) for statuses without a percentile.
-#: A ``valid`` outcome scores ``0.5 + 0.5 * percentile``.
-LADDER: Mapping[str, float] = {
-    "malformed": 0.0,
-    "syntax_error": 0.0,
-    "runtime_error": 0.1,
-    "timeout": 0.1,
-    "no_submission": 0.2,
-}
 
 
 @runtime_checkable
@@ -42,42 +35,21 @@ class WorldModel(Protocol):
         ...
 
 
-def ladder_score(status: str, percentile: float | None = None) -> float | None:
-    """Reward-scale score of ``status``; ``valid`` needs ``percentile`` (else ``None``).
-
-    >>> ladder_score("runtime_error"), ladder_score("valid", 0.5)
-    (0.1, 0.75)
-    """
-    if status == "valid":
-        if percentile is None:
-            return None
-        return 0.5 + 0.5 * min(1.0, max(0.0, float(percentile)))
-    if status not in LADDER:
-        raise ValueError(f"no ladder score for status {status!r}; known: valid, {', '.join(LADDER)}")
-    return LADDER[status]
-
-
 def compile_gate(code: str) -> Outcome | None:
     """The exact outcome of a script that does not compile, else ``None``.
 
     Compilation is deterministic, so no world model needs to guess here: a script that
-    ``compile`` rejects fails in the sandbox with a ``SyntaxError`` before running.
+    ``compile`` rejects fails in the sandbox with a ``SyntaxError`` before running. The
+    outcome is the env's own (:func:`wmrl_envs.autoresearch.grading.check_syntax`), marked
+    ``source="wm"`` and ``metrics["compile_gate"] = True``.
 
     >>> compile_gate("print(1").status, compile_gate("print(1)") is None
     ('syntax_error', True)
     """
-    try:
-        compile(code, "main.py", "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as e:  # ValueError: NUL bytes in the source
-        where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
-        return Outcome(
-            "syntax_error",
-            0.0,
-            feedback=f"{type(e).__name__}: {getattr(e, 'msg', str(e))}{where}",
-            metrics={"compile_gate": True},
-            source="wm",
-        )
-    return None
+    exact = check_syntax(code)
+    if exact is None:
+        return None
+    return dataclasses.replace(exact, metrics={**exact.metrics, "compile_gate": True}, source="wm")
 
 
 def check_batch(contexts: Sequence[Mapping[str, Any]], actions: Sequence[Any]) -> None:

@@ -140,7 +140,7 @@ class CodeOutcomeModel:
     def fit(self, records: Sequence[LogRecord]) -> "CodeOutcomeModel":
         """Fit on execution-log records (compile failures and unknown outcomes are left out:
         the compile gate handles the former exactly and the latter carry no label)."""
-        usable = [r for r in records if r.outcome.score is not None and compile_gate(r.code) is None]
+        usable = [r for r in records if r.known and compile_gate(r.code) is None]
         if not usable:
             raise ValueError(f"no usable records among {len(records)}: every one failed to compile or had an unknown outcome")
         self.featurizer = ScriptFeaturizer(n_hash=self.config.n_hash).fit([r.context for r in usable], [r.code for r in usable])
@@ -165,7 +165,7 @@ class CodeOutcomeModel:
         """
         if self._train is None:
             raise RuntimeError("update needs the training data: fit (or load) a model with keep_training_data=True first")
-        usable = [r for r in records if r.outcome.score is not None and compile_gate(r.code) is None]
+        usable = [r for r in records if r.known and compile_gate(r.code) is None]
         if not usable:
             return self
         X = self.featurizer.transform([r.context for r in usable], [r.code for r in usable])

@@ -297,11 +297,11 @@ class ScriptFeaturizer:
         self.meta_keys: list[str] = []
 
     def fit(self, contexts: Sequence[Mapping[str, Any]], codes: Sequence[str]) -> "ScriptFeaturizer":
-        """Learn which numeric context keys exist (those in at least 5% of contexts)."""
+        """Learn which numeric (or boolean) context keys exist (those in at least 5% of contexts)."""
         counts: Counter = Counter()
         for ctx in contexts:
             for k, v in flat_context(ctx).items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                if isinstance(v, (int, float)):  # bools count as 0/1
                     counts[k] += 1
         need = max(1, int(0.05 * len(contexts)))
         self.meta_keys = sorted(k for k, n in counts.most_common(self.max_meta_keys) if n >= need)
@@ -340,7 +340,7 @@ class ScriptFeaturizer:
                 row.append(math.copysign(math.log1p(abs(v)), v) if h in _COUNT_LIKE and not math.isnan(v) else v)
             for k in self.meta_keys:
                 v = flat.get(k)
-                row.append(float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan)
+                row.append(float(v) if isinstance(v, (int, float)) else math.nan)
             rows.append(row)
             ctx_tokens = [f"ctx:{_leaf(k)}={v}" for k, v in flat.items() if _leaf(k) in _STRING_CONTEXT_KEYS and isinstance(v, str)]
             token_lists.append(s.tokens + ctx_tokens)

@@ -217,7 +217,7 @@ def evaluate_fidelity(
 
     Records with an unknown true score are skipped; groups are tasks (``task_id``).
     """
-    records = [r for r in records if r.outcome.score is not None]
+    records = [r for r in records if r.known]
     if not records:
         raise ValueError("evaluate_fidelity needs records with known true scores, got none")
     preds = []

@@ -96,6 +96,9 @@ class LMWorldModelConfig:
         compile_gate: answer non-compiling scripts exactly (``syntax_error``, 0.0) without
             asking the LM (default True).
         device: torch device of the transformers backend (default ``"cpu"``).
+        num_threads: torch intra-op threads while generating, restored afterwards
+            (default ``None`` = leave torch's setting). On a busy shared CPU 1 can be far
+            faster than many (threads spin against each other).
         seed: sampling seed (default 0).
     """
 
@@ -110,6 +113,7 @@ class LMWorldModelConfig:
     max_prompt_tokens: int = 2048
     compile_gate: bool = True
     device: str = "cpu"
+    num_threads: int | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -292,6 +296,17 @@ class LMWorldModel:
 
             params = SamplingParams(max_tokens=self.config.max_new_tokens, temperature=self.config.temperature, seed=self.config.seed)
             return [o.outputs[0].text for o in self._vllm.generate(list(prompts), params)]
+        import torch
+
+        threads = torch.get_num_threads()
+        if self.config.num_threads is not None:
+            torch.set_num_threads(self.config.num_threads)
+        try:
+            return self._generate_transformers(prompts)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _generate_transformers(self, prompts: Sequence[str]) -> list[str]:
         import torch
 
         texts: list[str] = []

@@ -27,12 +27,12 @@ _REQUIRED = ("task_id", "code", "context", "outcome")
 
 @dataclass(frozen=True)
 class LogRecord:
-    """One executed solution and its true outcome."""
+    """One executed solution and its true outcome (``None``: the grader itself failed)."""
 
     task_id: str
     code: str
     context: Mapping[str, Any]
-    outcome: Outcome
+    outcome: Outcome | None
     solution_id: str = ""
     origin: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -47,7 +47,7 @@ class LogRecord:
         if not isinstance(d["context"], Mapping):
             raise ValueError(f"{where}: 'context' must be an object, got {type(d['context']).__name__}")
         try:
-            outcome = Outcome.from_dict(d["outcome"])
+            outcome = None if d["outcome"] is None else Outcome.from_dict(d["outcome"])
         except (TypeError, KeyError, ValueError) as e:
             raise ValueError(f"{where}: bad 'outcome' {d['outcome']!r}: {e}") from e
         known = {"task_id", "solution_id", "code", "context", "outcome", "origin"}
@@ -61,13 +61,18 @@ class LogRecord:
             extra={k: v for k, v in d.items() if k not in known},
         )
 
+    @property
+    def known(self) -> bool:
+        """True when the true score is known (usable as a label)."""
+        return self.outcome is not None and self.outcome.score is not None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "task_id": self.task_id,
             "solution_id": self.solution_id,
             "code": self.code,
             "context": dict(self.context),
-            "outcome": self.outcome.to_dict(),
+            "outcome": None if self.outcome is None else self.outcome.to_dict(),
             "origin": self.origin,
             **self.extra,
         }
