@@ -1,7 +1,7 @@
 """Plumbing shared by the wrappers: finding a wrapper in a stack, per-sub-env vector infos,
 and which sub-envs a vector step really stepped or restarted (autoreset modes).
 
-Private module: :func:`find_wrapper`, :class:`VectorSteps`, :func:`sub_info`, :func:`put_info`,
+Private module: :func:`find_optional`, :func:`find_wrapper`, :class:`VectorSteps`, :func:`sub_info`, :func:`put_info`,
 :func:`json_key`.
 """
 
@@ -12,7 +12,7 @@ from typing import Any, Hashable, TypeVar
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-__all__ = ["find_wrapper", "VectorSteps", "sub_info", "put_info", "json_key", "INFO_DTYPES"]
+__all__ = ["find_optional", "find_wrapper", "VectorSteps", "sub_info", "put_info", "json_key", "INFO_DTYPES"]
 
 W = TypeVar("W")
 
@@ -30,14 +30,20 @@ INFO_DTYPES: dict[str, Any] = {
 }
 
 
-def find_wrapper(env: Any, cls: type[W], *, needed_by: str) -> W:
-    """The outermost wrapper of type ``cls`` in ``env``'s stack (``env`` itself included)."""
+def find_optional(env: Any, cls: type[W]) -> W | None:
+    """The outermost wrapper of type ``cls`` in ``env``'s stack (``env`` itself included), or ``None``."""
     current = env
-    while current is not None:
-        if isinstance(current, cls):
-            return current
+    while current is not None and not isinstance(current, cls):
         current = getattr(current, "env", None)
-    raise TypeError(f"{needed_by} needs a {cls.__name__} below it in the wrapper stack, got {env!r}")
+    return current
+
+
+def find_wrapper(env: Any, cls: type[W], *, needed_by: str) -> W:
+    """Like :func:`find_optional`, but a missing wrapper is an error naming who needed it."""
+    found = find_optional(env, cls)
+    if found is None:
+        raise TypeError(f"{needed_by} needs a {cls.__name__} below it in the wrapper stack, got {env!r}")
+    return found
 
 
 def json_key(gid: Any) -> Hashable:

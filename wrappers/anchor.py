@@ -254,9 +254,8 @@ class AnchorWrapper(_AnchorBase, gym.Wrapper):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         options = dict(options or {})
         size = options.pop("group_size", self.group_size)
-        extra = self._core.start(0, options.get("group_id"), size)
-        obs, info = self.env.reset(seed=seed, options=options)
-        return obs, {**info, **extra}
+        obs, info = self.env.reset(seed=seed, options=options)  # first: a refused reset joins no group
+        return obs, {**info, **self._core.start(0, options.get("group_id"), size)}
 
     def step(self, action: Any):
         obs, reward, terminated, truncated, info = self.env.step(action)
@@ -305,10 +304,9 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper):
         slots = np.flatnonzero(mask).tolist()
         group_id = options.get("group_id")
         size = options.pop("group_size", len(slots) if group_id is not None else None)
-        extras = {i: self._core.start(i, group_id, size) for i in slots}
-        obs, infos = self.env.reset(seed=seed, options=options)
-        for i, extra in extras.items():
-            put_info(infos, self.num_envs, i, extra)
+        obs, infos = self.env.reset(seed=seed, options=options)  # first: a refused reset joins no group
+        for i in slots:
+            put_info(infos, self.num_envs, i, self._core.start(i, group_id, size))
         return obs, infos
 
     def step(self, actions: Any):

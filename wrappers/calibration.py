@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import VectorEnv, VectorWrapper
 
-from wrappers._common import VectorSteps, find_wrapper, put_info, sub_info
+from wrappers._common import VectorSteps, find_optional, find_wrapper, put_info, sub_info
 from wrappers.anchor import AnchorWrapper, VectorAnchorWrapper, _AnchorBase
 from wrappers.debiasing import OnlineDebiaser
 from wrappers.denoising import InverseVarianceWeighter
@@ -253,12 +253,6 @@ def load_stack_state_dict(env: Any, state: Mapping[str, Any]) -> None:
 
 
 def _layers(env: Any) -> list[tuple[str, Any]]:
-    """``(name, wrapper)`` for each wmrl layer in the stack, outermost first per kind."""
-    found = []
-    for name, cls in _LAYERS:
-        current = env
-        while current is not None and not isinstance(current, cls):
-            current = getattr(current, "env", None)
-        if current is not None:
-            found.append((name, current))
-    return found
+    """``(name, wrapper)`` for each wmrl layer present in the stack."""
+    found = [(name, find_optional(env, cls)) for name, cls in _LAYERS]
+    return [(name, layer) for name, layer in found if layer is not None]
