@@ -310,6 +310,9 @@ class LocalExecutor:
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=[report_w],
                 cwd="/" if self.sandboxed else str(work.path), env=dict(self.config.env),
                 start_new_session=True, **self._user_kwargs(uid))
+        except BaseException:
+            os.close(report_r)
+            raise
         finally:
             os.close(report_w)
         with os.fdopen(report_r, "rb") as report:
