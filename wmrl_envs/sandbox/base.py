@@ -120,8 +120,8 @@ class ExecutionResult:
             by itself (non-zero exit, uncaught exception). ``timeout``: wall or CPU budget
             exhausted. ``killed_memory``: memory cap hit. ``killed_limit``: output, file-size
             or process cap hit.
-        returncode: exit code; negative signal number when killed by a signal; ``None``
-            when unknown.
+        returncode: exit code; negative signal number when killed by a signal (an exit
+            code above 128 is read as 128 + signal number, as shells do); ``None`` when unknown.
         stdout_tail, stderr_tail: the last ``Limits.tail_bytes`` of each stream (UTF-8,
             undecodable bytes replaced).
         wall_seconds: wall time from launch to exit (includes sandbox start-up).

@@ -181,14 +181,13 @@ class DockerExecutor:
             elif hold:
                 _signal(container, "SIGTERM")  # stats are read: let the launcher exit with the code
             exit_code = container.wait()["StatusCode"]
-            wall = wall if wall is not None else time.monotonic() - start
             reader.join(timeout=5)
             stream.close()
             container.reload()
             oom = container.attrs["State"].get("OOMKilled", False)
         finally:
             container.remove(force=True)
-        returncode = -(exit_code - 128) if 128 < exit_code < 128 + 65 else exit_code
+        returncode = -(exit_code - 128) if 128 < exit_code < 128 + 65 else exit_code  # 128 + signo, as shells do
         if killed:
             status, reason = killed
         elif oom:
