@@ -1,1 +1,29 @@
-"""(placeholder: filled by its issue)"""
+"""Reproducible experiments on the WMRL suite: ``wmrl-bench <experiment>`` (``python -m benchmarks``).
+
+Experiments (each a module with a config dataclass ``CONFIG`` and ``run(config, run_dir)``):
+
+* ``speedup`` (:mod:`benchmarks.speedup`): GRPO on real execution vs GRPO on the raw world
+  model vs WMRL; wall-clock / CPU by component, real executions, held-out avg@k, speedup
+  and its ideal limit. The main job (README command 1) runs it on the embedded defaults.
+* ``ablation`` (:mod:`benchmarks.ablation`): no correction / denoising only / debiasing
+  only / both, at the same anchor ratio, on the same mixture of reward streams.
+* ``fidelity`` (:mod:`benchmarks.fidelity`): world-model fidelity reports on held-out logs.
+* ``leaderboard`` (:mod:`benchmarks.leaderboard`): agents on every held-out env.
+
+Shared pieces: :mod:`benchmarks.report` (run dirs, JSON, Markdown, mean/spread) and
+:mod:`benchmarks.common` (config <-> flags, env stacks, policies, plots). Standalone
+measurement scripts live beside them (see :data:`OTHER_SCRIPTS`).
+"""
+
+__all__ = ["EXPERIMENTS", "OTHER_SCRIPTS"]
+
+#: Experiment name -> module under ``benchmarks``.
+EXPERIMENTS = {"speedup": "speedup", "ablation": "ablation", "fidelity": "fidelity", "leaderboard": "leaderboard"}
+
+#: Standalone scripts (``python -m benchmarks.<name>``) owned by the modules they measure.
+OTHER_SCRIPTS = {
+    "sandbox_overhead": "sandbox launch overhead, local vs Docker backend",
+    "wrapper_overhead": "wrapper stack overhead and world-model vs sandbox throughput",
+    "agent_step_cost": "cost of one GRPO step of the LLM agent by phase",
+    "libero_throughput": "LIBERO env step throughput",
+}
