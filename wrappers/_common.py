@@ -7,7 +7,7 @@ Private module: :func:`find_optional`, :func:`find_wrapper`, :class:`VectorSteps
 
 from __future__ import annotations
 
-from typing import Any, Hashable, TypeVar
+from typing import Any, Hashable, Iterable, TypeVar
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
@@ -51,10 +51,11 @@ def json_key(gid: Any) -> Hashable:
     return tuple(json_key(x) for x in gid) if isinstance(gid, list) else gid
 
 
-def sub_info(infos: dict[str, Any], i: int) -> dict[str, Any]:
-    """Sub-env ``i``'s entries of a vector ``info`` dict (nested dicts included)."""
+def sub_info(infos: dict[str, Any], i: int, keys: Iterable[str] | None = None) -> dict[str, Any]:
+    """Sub-env ``i``'s entries of a vector ``info`` dict (nested dicts included), or only ``keys``."""
     out: dict[str, Any] = {}
-    for key, value in infos.items():
+    for key in infos if keys is None else (k for k in keys if k in infos):
+        value = infos[key]
         if key.startswith("_"):
             continue
         mask = infos.get(f"_{key}")

@@ -104,6 +104,10 @@ def _max(a: float | None, b: float | None) -> float | None:
     return a if b is None else (b if a is None else max(a, b))
 
 
+#: The keys of the world-model layer's info that the anchor layer reads.
+_READS = ("wm_score", "calibrated_score", "true_score")
+
+
 class _AnchorCore:
     """Group bookkeeping and anchor decisions for any number of slots (both forms)."""
 
@@ -315,7 +319,7 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper):
         ended, restarted = self._steps.on_step(stepped, terminated, truncated)
         for i in np.flatnonzero(stepped):
             target = self._steps.step_info_target(infos, ended, i)
-            put_info(target, self.num_envs, i, self._core.step(i, sub_info(target, i), bool(ended[i])))
+            put_info(target, self.num_envs, i, self._core.step(i, sub_info(target, i, _READS), bool(ended[i])))
         for i in np.flatnonzero(restarted):
             put_info(infos, self.num_envs, i, self._core.start(i, None, None))
         return obs, rewards, terminated, truncated, infos

@@ -71,6 +71,10 @@ class CalibrationConfig:
         return InverseVarianceWeighter(self.half_life, self.freeze_after, self.weight_at_freeze, self.max_weight)
 
 
+#: The keys of the anchor layer's info that the calibration layer reads.
+_READS = ("anchor_pairs", "group_result")
+
+
 class _CalibrationCore:
     """Feeds the debiaser and the weighter from the info of one step (both forms)."""
 
@@ -209,7 +213,7 @@ class VectorCalibrationWrapper(_CalibrationBase, VectorWrapper):
         mask = self._steps.on_reset(None if options is None else options.get("reset_mask"))
         obs, infos = self.env.reset(seed=seed, options=options)
         for i in np.flatnonzero(mask):  # a reset may complete a group (abandoned member)
-            self._core.step(sub_info(infos, i))
+            self._core.step(sub_info(infos, i, _READS))
         report = self._core.info()
         for i in np.flatnonzero(mask):
             put_info(infos, self.num_envs, i, report)
@@ -221,7 +225,7 @@ class VectorCalibrationWrapper(_CalibrationBase, VectorWrapper):
         ended, _ = self._steps.on_step(stepped, terminated, truncated)
         # First feed every sub-env's pairs and results, then report one weight to all.
         for i in np.flatnonzero(stepped):
-            self._core.step(sub_info(self._steps.step_info_target(infos, ended, i), i))
+            self._core.step(sub_info(self._steps.step_info_target(infos, ended, i), i, _READS))
         report = self._core.info()
         for i in range(self.num_envs):
             put_info(infos, self.num_envs, i, report)

@@ -331,7 +331,7 @@ class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper):
             target = self._steps.step_info_target(infos, ended, i)
             real = None
             if modes[i] in ("both", "env"):
-                env_info = sub_info(target, i)
+                env_info = sub_info(target, i, ("outcome",))
                 if "outcome" not in env_info:
                     raise KeyError(
                         "VectorWorldModelWrapper: mode 'both'/'env' reads the real outcome from the env's "
