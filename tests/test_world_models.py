@@ -9,7 +9,6 @@ produced by running them. Real training data are the leaderboard-pool logs.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -194,6 +193,10 @@ def test_summarize_script_finds_structure_and_failure_signals():
     s = summarize_script(_BROKEN["runtime_error"][1], "binary")
     assert s.undefined_names == ["RandomForestClassifier"]
     assert summarize_script(_BROKEN["runtime_error"][2]).counts["n_csv_outside_data"] == 1
+    assert summarize_script("import pandas as pd\npd.read_csv('../private/answers.csv')").counts["n_csv_outside_data"] == 1
+    assert summarize_script("import pandas as pd\npd.read_csv('./data/train.csv')").counts["n_csv_outside_data"] == 0
+    s = summarize_script("import time, pandas as pd\ntime.sleep(600)\ns = pd.read_csv('submission.csv')\ns.to_csv('submission.csv')")
+    assert s.counts["max_sleep_seconds"] == 600 and s.counts["rereads_submission"] == 1
     assert summarize_script(_BROKEN["no_submission"][0]).counts["writes_submission"] == 0
     assert summarize_script(_BROKEN["timeout"][0]).counts["n_while_true"] == 1
     s = summarize_script(_script("linear", "regression", 10).replace("Ridge(alpha=10)", "LogisticRegression()"), "regression")
@@ -323,6 +326,7 @@ def test_evaluate_fidelity_of_code_outcome_model(model, split):
     rep = evaluate_fidelity(model, split[1], calibration_fraction=0.5, seed=0)
     assert rep.n_records == len(split[1]) and rep.coverage == 1.0 and rep.n_groups == 3
     assert rep.status_accuracy >= 0.85 and rep.spearman >= 0.8 and rep.spearman_within_group >= 0.8
+    assert rep.spearman_within_group_valid >= 0.7
     md = rep.to_markdown()
     assert md.startswith("| metric | CodeOutcomeModel |") and "| status accuracy |" in md
 

@@ -7,7 +7,8 @@ The script is parsed with :mod:`ast` (never executed). Three kinds of features:
   preprocessing (scalers, encoders, imputers, pipelines), validation scheme
   (``cross_val_score``, ``train_test_split``, grid search), whether a submission is
   written, and signals of likely failure (imports the sandbox lacks, names used but never
-  bound, CSV paths outside ``data/``, classifiers on regression tasks, ``while True``);
+  bound, CSV paths outside ``data/``, classifiers on regression tasks, ``while True``,
+  ``sleep``, a written submission read back and rewritten);
 * **tokens** — identifiers, attributes, keyword names and short string keyword values,
   hashed into a fixed number of columns (``FeatureHasher``), counts log-scaled;
 * **task** — numeric meta-features of the context (``n_train``, ``n_cols``,
@@ -22,6 +23,7 @@ from __future__ import annotations
 import ast
 import builtins
 import math
+import posixpath
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -77,7 +79,7 @@ HYPERPARAMETERS = (
     "n_estimators", "max_depth", "learning_rate", "C", "n_neighbors", "alpha", "max_iter",
     "min_samples_leaf", "min_samples_split", "max_features", "max_leaf_nodes", "subsample",
     "l2_regularization", "hidden_layer_sizes", "gamma", "num_leaves", "cv", "n_splits",
-    "n_components", "k", "degree", "test_size", "n_iter", "l1_ratio",
+    "n_components", "k", "degree", "test_size", "n_iter", "l1_ratio", "frac", "n_jobs",
 )  # fmt: skip
 _COUNT_LIKE = {"n_estimators", "max_iter", "n_neighbors", "max_leaf_nodes", "min_samples_leaf", "min_samples_split",
                "num_leaves", "hidden_layer_sizes", "n_components", "k", "n_iter", "max_depth", "cv", "n_splits", "C", "alpha", "gamma"}  # fmt: skip
@@ -98,7 +100,7 @@ _COUNT_NAMES = (
     "n_imports", "n_bad_imports", "n_undefined_names", "n_csv_outside_data", "n_sleep", "n_exit",
     "writes_submission", "reads_train", "reads_test", "reads_sample_submission", "calls_to_csv",
     "n_fit", "n_predict", "n_predict_proba", "n_estimators_constructed", "n_classifier_on_regression",
-    "n_regressor_on_classification", "uses_proba_for_label_task", "n_string_columns_indexed",
+    "n_regressor_on_classification", "n_string_columns_indexed", "rereads_submission", "max_sleep_seconds",
 )  # fmt: skip
 
 
@@ -194,6 +196,13 @@ def summarize_script(code: str, task_type: str | None = None) -> ScriptSummary:
             c["n_predict_proba"] += name in ("predict_proba", "decision_function")
             c["calls_to_csv"] += name == "to_csv"
             c["n_sleep"] += name == "sleep"
+            if name == "sleep" and node.args and (v := _number(node.args[0])) is not None:
+                c["max_sleep_seconds"] = max(c["max_sleep_seconds"], v)
+            if name == "read_csv" and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                path = node.args[0].value
+                c["rereads_submission"] += "submission" in path and "sample" not in path
+                # The sandbox mounts inputs at data/ only (the written submission aside).
+                c["n_csv_outside_data"] += "submission" not in path and not posixpath.normpath(path).startswith("data/")
             c["n_exit"] += name in ("exit", "quit", "_exit")
             for kw in node.keywords:
                 if kw.arg is None:
@@ -237,8 +246,6 @@ def summarize_script(code: str, task_type: str | None = None) -> ScriptSummary:
             v = node.value
             if "submission" in v and v.endswith(".csv") and "sample" not in v:
                 c["writes_submission"] = 1
-            if v.endswith(".csv") and "/" not in v.replace("./", "") and "submission" not in v:
-                c["n_csv_outside_data"] += 1
             c["reads_train"] |= v.endswith("train.csv")
             c["reads_test"] |= v.endswith("test.csv")
             c["reads_sample_submission"] |= v.endswith("sample_submission.csv")

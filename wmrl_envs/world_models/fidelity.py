@@ -6,7 +6,8 @@ the logged true outcome:
 * ``status_accuracy`` — predicted status equals the true one (records the model scored);
 * ``spearman`` — rank correlation of predicted vs true score, pooled, and
   ``spearman_within_group`` — the mean over groups (same task) of the within-group rank
-  correlation, which is what group-relative advantages (GRPO) see;
+  correlation, which is what group-relative advantages (GRPO) see (also among records
+  whose true status is ``valid`` only: ranking working solutions is the hard part);
 * ``bias`` and ``residual_var`` of the **within-group centred** residual
   ``e = (w - mean_g w) - (t - mean_g t)`` (w: world-model score, t: true score, g: the
   record's group). Centring removes any per-group offset, which GRPO cancels anyway. The
@@ -57,6 +58,7 @@ class FidelityReport:
     status_accuracy: float | None
     spearman: float | None
     spearman_within_group: float | None
+    spearman_within_group_valid: float | None
     bias_before: float | None
     bias_after: float | None
     residual_var_before: float | None
@@ -75,6 +77,7 @@ _LABELS = {
     "n_records": "records", "n_groups": "groups (tasks)", "n_calibration": "calibration part",
     "n_eval": "evaluation part", "coverage": "coverage (score known)", "status_accuracy": "status accuracy",
     "spearman": "Spearman (pooled)", "spearman_within_group": "Spearman (within group, mean)",
+    "spearman_within_group_valid": "Spearman (within group, truly valid only)",
     "bias_before": "centred bias B, raw", "bias_after": "centred bias B, calibrated",
     "residual_var_before": "residual variance, raw", "residual_var_after": "residual variance, calibrated",
     "mae_before": "mean abs. error, raw", "mae_after": "mean abs. error, calibrated",
@@ -100,6 +103,17 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
     if len(a) < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return None
     return float(spearmanr(a, b).statistic)
+
+
+def _within_spearman(w: np.ndarray, t: np.ndarray, groups: Sequence[Hashable]) -> float | None:
+    """Mean over groups of the within-group Spearman (groups where it is defined)."""
+    rhos = []
+    for key in dict.fromkeys(groups):
+        m = np.array([x == key for x in groups], dtype=bool)
+        rho = _spearman(w[m], t[m])
+        if rho is not None and not math.isnan(rho):
+            rhos.append(rho)
+    return float(np.mean(rhos)) if rhos else None
 
 
 def centred_bias(wm: Sequence[float], truth: Sequence[float], groups: Sequence[Hashable], n_bins: int = 10) -> tuple[float | None, float | None]:
@@ -175,12 +189,10 @@ def fidelity_from_scores(
     if n_cal >= 2 and len(ev):
         iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(w[cal], t[cal])
         w_cal_ev = iso.predict(w_ev)
-    within = []
-    for key in dict.fromkeys(g_ev):
-        m = np.array([x == key for x in g_ev])
-        rho = _spearman(w_ev[m], t_ev[m])
-        if rho is not None and not math.isnan(rho):
-            within.append(rho)
+    valid_ev = None
+    if true_status is not None:
+        st = [true_status[i] for i in idx]
+        valid_ev = np.array([st[i] == "valid" for i in ev], dtype=bool)
     bias_b, var_b = centred_bias(w_ev, t_ev, g_ev, n_bins) if len(ev) else (None, None)
     bias_a, var_a = centred_bias(w_cal_ev, t_ev, g_ev, n_bins) if w_cal_ev is not None else (None, None)
     return FidelityReport(
@@ -192,7 +204,8 @@ def fidelity_from_scores(
         coverage=float(covered.mean()) if n else None,
         status_accuracy=accuracy,
         spearman=_spearman(w_ev, t_ev),
-        spearman_within_group=float(np.mean(within)) if within else None,
+        spearman_within_group=_within_spearman(w_ev, t_ev, g_ev),
+        spearman_within_group_valid=_within_spearman(w_ev[valid_ev], t_ev[valid_ev], [x for x, v in zip(g_ev, valid_ev) if v]) if valid_ev is not None else None,
         bias_before=bias_b,
         bias_after=bias_a,
         residual_var_before=var_b,
