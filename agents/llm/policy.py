@@ -79,6 +79,32 @@ def _smollm2_tokenizer():
     return tokenizer
 
 
+def _smollm2_model(dtype: torch.dtype) -> Any:
+    """SmolLM2-135M-Instruct: de-quantised from the GGUF once (slow: ~1-2 min on a busy
+    CPU), cached as config + float weights next to the tokenizer, then built from the cache."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cached = _cache_dir() / "smollm2-135m-instruct"
+    if (cached / "weights.pt").is_file():
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cached), dtype=dtype)
+        model.load_state_dict(torch.load(cached / "weights.pt", weights_only=True))
+        model.tie_weights()
+        return model
+    directory, name = smollm2_gguf()
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=dtype)
+    # transformers refuses save_pretrained on GGUF-loaded models; the weights are plain floats
+    # after de-quantisation, so the config and state dict are cached directly.
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+    with contextlib.suppress(OSError):  # written aside and renamed: a killed write leaves no half cache
+        config.save_pretrained(tmp)
+        torch.save(model.state_dict(), tmp / "weights.pt")
+        tmp.rename(cached)
+    return model
+
+
 @dataclass(frozen=True)
 class LoraSettings:
     """LoRA adapter settings (peft). Defaults follow common small-model RL recipes.
@@ -219,11 +245,11 @@ class LLMPolicy:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if str(name_or_path) == DEFAULT_MODEL:
-            directory, gguf_file = smollm2_gguf()
             tokenizer = _smollm2_tokenizer()
-            source: str | Path = directory
+            model = _smollm2_model(dtype).to(device)
+            return cls(_maybe_lora(model, lora), tokenizer, source=None, backend=backend)
         else:
-            source = name_or_path
+            source: str | Path = name_or_path
             tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file) if gguf_file else AutoTokenizer.from_pretrained(source)
         kwargs = {"gguf_file": gguf_file} if gguf_file else {}
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device)

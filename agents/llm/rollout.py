@@ -239,8 +239,12 @@ class Rollout:
         messages = self.scaffold.initial_messages(str(obs), spec)
         category = str(info.get("category") or spec.task_type)
         episode = Episode(slot, task, gid, spec, messages, category, anchor=bool(info.get("anchor", False)))
-        episode.segments.append((self.policy.chat_ids(messages), False))
+        episode.segments.append((self.policy.chat_ids(messages) + self._prefix_ids(), False))
         return episode
+
+    def _prefix_ids(self) -> list[int]:
+        prefix = getattr(self.scaffold, "response_prefix", "")
+        return list(self.policy.tokenizer(prefix, add_special_tokens=False)["input_ids"]) if prefix else []
 
     def _play(self, episodes: list[Episode], timer: PhaseTimer, seed: int | None) -> None:
         turn = 0
@@ -252,7 +256,7 @@ class Rollout:
                 )
             actions = [self.idle_action] * self.num_slots
             for e, ids in zip(live, completions):
-                text = self.policy.decode(ids)
+                text = getattr(self.scaffold, "response_prefix", "") + self.policy.decode(ids)
                 e.segments.append((ids, True))
                 e.texts.append(text)
                 e.messages.append({"role": "assistant", "content": text})
@@ -279,7 +283,8 @@ class Rollout:
             return
         message = self.scaffold.followup_message(str(obs), e.spec)
         ended_with_eos = bool(e.segments[-1][0]) and e.segments[-1][0][-1] == self.policy.eos_token_id
-        e.segments.append((self.policy.followup_ids(e.messages, message, ended_with_eos=ended_with_eos), False))
+        follow = self.policy.followup_ids(e.messages, message, ended_with_eos=ended_with_eos)
+        e.segments.append((follow + self._prefix_ids(), False))
         e.messages.append(message)
 
     @staticmethod

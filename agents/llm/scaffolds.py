@@ -131,6 +131,9 @@ class Scaffold(Protocol):
     """Turns observations into chat messages and model text into env actions."""
 
     name: str
+    #: Text that opens every assistant reply (part of the prompt, not sampled; ``""`` = none).
+    #: Priming the reply's first words keeps small models on the requested format.
+    response_prefix: str
 
     def initial_messages(self, obs: str, task: TaskSpec) -> list[Message]:
         """The chat for the first turn (system + user)."""
@@ -184,6 +187,7 @@ class RawCodeScaffold:
     """
 
     name: str = "raw"
+    response_prefix: str = ""
     max_obs_chars: int = 6000
     info_request_prefix: str = "REQUEST_INFO"
 
@@ -257,7 +261,8 @@ def _clamp(x: float, lo: float, hi: float) -> float:
 def parse_plan(text: str) -> Plan | None:
     """Read ``key: value`` lines (markdown bullets, bold, ``=`` tolerated); ``None`` without a known model.
 
-    Unknown keys are ignored; unreadable values fall back to the field default; numbers are
+    The model value may be a canonical family, an alias (``rf``, ``xgboost``, ``logistic``)
+    or a phrase naming exactly one family (``"random forest classifier"``). Unknown keys are ignored; unreadable values fall back to the field default; numbers are
     clamped to the ranges documented on :class:`Plan`. The first ``model`` line wins.
     """
     values: dict[str, str] = {}
@@ -271,7 +276,9 @@ def parse_plan(text: str) -> Plan | None:
     family = _FAMILY_ALIASES.get(_canon(model_text))
     if family is None:  # "random forest classifier", "a gradient boosting model", ...
         canon = _canon(model_text)
-        family = next((fam for alias, fam in _FAMILY_ALIASES.items() if len(alias) > 3 and alias in canon), None)
+        found = {fam for alias, fam in _FAMILY_ALIASES.items() if len(alias) > 3 and alias in canon}
+        # Only an unambiguous mention counts: copying the list of options is not a choice.
+        family = found.pop() if len(found) == 1 else None
     if family is None:
         return None
     plan = Plan(model=family)
@@ -416,11 +423,15 @@ class PlanScaffold:
     The prompt is a compact task card (question, type, metric, size, column kinds) rather
     than the full overview, which keeps prefill cheap for small models on CPU.
 
+    Every reply is primed with ``"model:"`` (:attr:`response_prefix`), so the model's first
+    sampled words choose the model family.
+
     Args:
         max_feedback_chars: later observations (execution feedback) are cut to this.
     """
 
     name: str = "plan"
+    response_prefix: str = "model:"
     max_feedback_chars: int = 400
 
     def initial_messages(self, obs: str, task: TaskSpec) -> list[Message]:

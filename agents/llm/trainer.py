@@ -15,7 +15,8 @@ TensorBoard in ``output_dir``; checkpoints hold the policy (or adapter), optimis
 states and the wrapper stack's state (anchor pairs, calibration map, weight).
 
 Classes: :class:`GRPOConfig`, :class:`TrainResult`, :class:`Callback`.
-Functions: :func:`train`, :func:`save_checkpoint`, :func:`load_checkpoint`.
+Functions: :func:`train`, :func:`save_checkpoint`, :func:`load_checkpoint`,
+:func:`load_policy_weights`, :func:`step_metrics`.
 
 Example (see ``tests/test_llm_agent_e2e.py`` for a runnable one)::
 
@@ -45,7 +46,7 @@ from agents.llm.policy import LLMPolicy
 from agents.llm.rollout import Episode, PhaseTimer, Rollout, find_layer
 from agents.llm.scaffolds import Scaffold
 
-__all__ = ["GRPOConfig", "TrainResult", "Callback", "train", "save_checkpoint", "load_checkpoint", "step_metrics"]
+__all__ = ["GRPOConfig", "TrainResult", "Callback", "train", "save_checkpoint", "load_checkpoint", "load_policy_weights", "step_metrics"]
 
 #: Called after every step with ``(step, metrics)``; returning ``True`` stops training.
 Callback = Callable[[int, dict[str, Any]], "bool | None"]
@@ -196,6 +197,14 @@ def load_checkpoint(path: str | Path, policy: LLMPolicy, optimizer: torch.optim.
     elif _wrapper_state(env) is not None:
         raise ValueError(f"{path} holds no wrapper state but the env has wmrl wrappers; was it saved from another stack?")
     return json.loads((path / "trainer.json").read_text())
+
+
+def load_policy_weights(path: str | Path, policy: LLMPolicy) -> None:
+    """Load only the trained weights (or adapter) of a checkpoint, e.g. for evaluation."""
+    file = Path(path) / "policy.pt"
+    if not file.is_file():
+        raise FileNotFoundError(f"{path} is not a checkpoint (no policy.pt)")
+    policy.load_trainable_state_dict(torch.load(file, weights_only=True))
 
 
 def _rmtree(path: Path) -> None:
