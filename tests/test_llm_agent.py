@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -228,3 +229,32 @@ def test_summarize_averages_over_tasks_and_categories_skipping_unknown():
     r = summarize(scores)
     assert r.mean == pytest.approx((0.8 + 0.2) / 2)
     assert r.by_category == {"binary": pytest.approx(0.5), "regression": None}
+
+
+# ------------------------------------------------------------------ vector env infos
+def test_nullable_info_vector_env_keeps_unknown_after_numbers():
+    import gymnasium as gym
+    from gymnasium import spaces
+
+    from agents.llm.envs import NullableInfoSyncVectorEnv
+
+    class Env(gym.Env):
+        observation_space, action_space = spaces.Discrete(2), spaces.Discrete(2)
+
+        def __init__(self, value):
+            self.value = value
+
+        def reset(self, *, seed=None, options=None):
+            return 0, {"x": self.value, "y": 1}
+
+        def step(self, action):
+            return 0, 0.0, True, False, {"x": self.value}
+
+    fns = [lambda: Env(1), lambda: Env(None), lambda: Env(2.5)]
+    with pytest.raises(TypeError):  # what plain gymnasium does with the same infos
+        gym.vector.SyncVectorEnv(fns).reset()
+    env = NullableInfoSyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    _, info = env.reset()
+    assert list(info["x"]) == [1, None, 2.5] and info["y"].dtype.kind == "i"
+    _, _, _, _, info = env.step(np.zeros(3, dtype=np.int64))
+    assert list(info["final_info"]["x"]) == [1, None, 2.5]
