@@ -153,6 +153,22 @@ def test_groups_without_ids_are_singletons_and_bad_sizes_are_rejected():
         AnchorWrapper(ToySeamEnv())
 
 
+def test_automatic_groups_of_consecutive_episodes():
+    toy, wm = ToySeamEnv(n_actions=32), SyntheticWorldModel()
+    env = AnchorWrapper(WorldModelWrapper(toy, wm), fraction=0.5, seed=0, auto_group_size=3)
+    results, ids = [], []
+    for k in range(7):
+        _, info = env.reset(options={"task": k})  # no group_id, as in a plain SB3 loop
+        ids.append(info["group_id"])
+        _, _, _, _, info = env.step(k)
+        results.append(info.get("group_result"))
+    assert ids == ["auto-0"] * 3 + ["auto-1"] * 3 + ["auto-2"]
+    assert [r is not None for r in results] == [False, False, True, False, False, True, False]
+    assert len(results[2]["calibrated"]) == 3 and results[5]["group_id"] == "auto-1"
+    with pytest.raises(ValueError, match="auto_group_size"):
+        AnchorWrapper(WorldModelWrapper(toy, wm), auto_group_size=0)
+
+
 def test_scheduler_state_round_trips_through_json():
     s = AnchorScheduler(fraction=0.3, max_concurrent=5, seed=11, groups_per_step=4)
     for k in range(9):

@@ -158,17 +158,20 @@ def test_stable_baselines3_ppo_trains_through_the_stack(pool_runs, world_model):
     executed = {record.code: outcome for _, outcome, record in pool_runs.values()}  # record.code: the script as graded
     base = CandidateChoiceEnv([pool_runs[s][0] for s in CANDIDATES], executed)
     env = CalibrationWrapper(
-        AnchorWrapper(WorldModelWrapper(base, world_model), fraction=0.25, seed=0), start_pairs=24, refit_every=8
+        AnchorWrapper(WorldModelWrapper(base, world_model), fraction=0.25, seed=0, auto_group_size=4),
+        start_pairs=24,
+        refit_every=8,
     )
     model = sb3.PPO("MlpPolicy", env, n_steps=64, batch_size=32, n_epochs=2, seed=0, device="cpu", verbose=0)
     model.learn(total_timesteps=256)
     scheduler, counters = env.get_wrapper_attr("scheduler"), env.get_wrapper_attr("counters")
-    assert scheduler.n_groups >= 256  # every episode was a (singleton) group
+    assert scheduler.n_groups >= 256 // 4  # SB3 passes no group ids: groups of 4 consecutive episodes
     assert 0.2 <= scheduler.realized_fraction <= 0.3
-    # real grading exactly for anchors (SB3's last reset may have opened one more, unstepped)
-    assert scheduler.n_anchors - 1 <= counters.real_executions <= scheduler.n_anchors
+    # real grading exactly for anchor members (SB3's last reset may have opened one more, unstepped)
+    assert 4 * scheduler.n_anchors - 4 <= counters.real_executions <= 4 * scheduler.n_anchors
     assert env.debiaser.n_seen == counters.real_executions >= 24  # anchor pairs flowed
     assert env.debiaser.fitted and env.debiaser.n_fits >= 2  # calibration engaged
+    assert env.weighter.n_observed + env.weighter.n_degenerate >= 3  # complete anchor groups reached denoising
     assert base.sandbox_runs == 0  # every candidate's real run was already in the cache
     action, _ = model.predict(0, deterministic=True)
     assert 0 <= int(action) < len(CANDIDATES)

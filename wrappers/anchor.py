@@ -10,8 +10,10 @@ when a group is complete (all ``n`` members finished), which frees the group's
 concurrency slot and emits ``group_result`` for the calibration layer. Without it the
 wrapper's ``group_size`` default applies (single form: ``None`` = open-ended, the group
 never completes; vector form: the number of sub-envs reset together with that id). A
-reset without ``group_id`` (e.g. a plain SB3 loop, or a vector autoreset) makes the
-episode a singleton group with an id ``"auto-<k>"``. A reused id after its group
+reset without ``group_id`` (e.g. a plain SB3 loop, or a vector autoreset) puts the
+episode in an automatic group ``"auto-<k>"`` of ``auto_group_size`` consecutive such
+episodes (default 1: singletons, which feed Online Debiasing but not Inverse-Variance
+Denoising, which needs >= 2 members per group). A reused id after its group
 completed is a new group. An episode abandoned by a reset before it ended counts as a
 finished member with unknown scores.
 
@@ -73,6 +75,11 @@ class GroupBook:
         group["joined"] += 1
         return False
 
+    def has_room(self, group_id: Hashable) -> bool:
+        """True if ``group_id`` is open and still short of members."""
+        group = self._groups.get(group_id)
+        return group is not None and (group["size"] is None or group["joined"] < group["size"])
+
     def finish(self, group_id: Hashable, calibrated: float | None, true: float | None) -> dict[str, Any] | None:
         """Record a finished member; returns the group's result when it is complete (and closes it)."""
         group = self._groups[group_id]
@@ -111,12 +118,17 @@ _READS = ("wm_score", "calibrated_score", "true_score")
 class _AnchorCore:
     """Group bookkeeping and anchor decisions for any number of slots (both forms)."""
 
-    def __init__(self, scheduler: AnchorScheduler, num_slots: int, set_mode: Callable[[int, str], None]) -> None:
+    def __init__(
+        self, scheduler: AnchorScheduler, num_slots: int, set_mode: Callable[[int, str], None], auto_group_size: int
+    ) -> None:
+        if not isinstance(auto_group_size, int) or auto_group_size < 1:
+            raise ValueError(f"auto_group_size must be an int >= 1, got {auto_group_size!r}")
         self.scheduler = scheduler
         self.book = GroupBook()
         self.members: list[_Member | None] = [None] * num_slots
         self._set_mode = set_mode
-        self._auto = 0
+        self.auto_group_size = auto_group_size
+        self._auto = 0  # automatic groups opened so far
 
     def start(self, slot: int, group_id: Hashable | None, size: int | None) -> dict[str, Any]:
         """A new episode in ``slot``; returns the info keys for its reset."""
@@ -126,8 +138,7 @@ class _AnchorCore:
             if result is not None:
                 extra["group_result"] = result
         if group_id is None:
-            group_id, size = f"auto-{self._auto}", 1
-            self._auto += 1
+            group_id, size = self._auto_group(), self.auto_group_size
         self.book.join(group_id, size)
         anchor = self.scheduler.assign(group_id)
         self.members[slot] = _Member(group_id, anchor)
@@ -154,6 +165,14 @@ class _AnchorCore:
             if result is not None:
                 extra["group_result"] = result
         return extra
+
+    def _auto_group(self) -> str:
+        """The open automatic group if it still has room, else a new one."""
+        current = f"auto-{self._auto - 1}"
+        if self._auto and self.book.has_room(current):
+            return current
+        self._auto += 1
+        return f"auto-{self._auto - 1}"
 
     def _finish(self, slot: int) -> dict[str, Any] | None:
         member = self.members[slot]
@@ -220,8 +239,10 @@ class AnchorWrapper(_AnchorBase, gym.Wrapper):
         fraction, min_per_step, max_concurrent, seed, groups_per_step: the
             :class:`~wrappers.scheduling.AnchorScheduler`'s (``fraction=0.10``,
             ``min_per_step=1``, ``max_concurrent=None``, ``seed=0`` are the paper's defaults).
-        group_size: members per group when ``reset`` options do not say (``None``:
-            open-ended groups, which never complete).
+        group_size: members per group when ``reset`` options give a ``group_id`` but no
+            ``group_size`` (``None``: open-ended groups, which never complete).
+        auto_group_size: members of the automatic groups formed by resets without a
+            ``group_id`` (default 1).
 """
         + _INFO_DOC
         + """
@@ -243,6 +264,7 @@ class AnchorWrapper(_AnchorBase, gym.Wrapper):
         seed: int = 0,
         groups_per_step: int | None = None,
         group_size: int | None = None,
+        auto_group_size: int = 1,
     ) -> None:
         super().__init__(env)
         wm = find_wrapper(env, WorldModelWrapper, needed_by="AnchorWrapper")
@@ -252,8 +274,7 @@ class AnchorWrapper(_AnchorBase, gym.Wrapper):
         def set_mode(_: int, mode: str) -> None:
             wm.mode = mode
 
-        self._core = _AnchorCore(scheduler, 1, set_mode)
-        self._ended = True
+        self._core = _AnchorCore(scheduler, 1, set_mode, auto_group_size)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         options = dict(options or {})
@@ -275,8 +296,8 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper):
     ``reset(options={"group_id": g, "group_size": n, "reset_mask": mask})``: the sub-envs
     in ``mask`` (all without one) join group ``g``; ``group_size`` defaults to the number of
     sub-envs reset together. To run several groups side by side, reset each group's
-    sub-envs with its own ``reset_mask`` call. Episodes begun by autoreset are singleton
-    groups ``"auto-<k>"``.
+    sub-envs with its own ``reset_mask`` call. Episodes begun by autoreset (or reset
+    without a ``group_id``) join automatic groups ``"auto-<k>"`` of ``auto_group_size``.
 
     Args: as :class:`AnchorWrapper`, except ``group_size`` (see above).
 """
@@ -295,11 +316,12 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper):
         max_concurrent: int | None = None,
         seed: int = 0,
         groups_per_step: int | None = None,
+        auto_group_size: int = 1,
     ) -> None:
         super().__init__(env)
         wm = find_wrapper(env, VectorWorldModelWrapper, needed_by="VectorAnchorWrapper")
         scheduler = AnchorScheduler(fraction, min_per_step, max_concurrent, seed, groups_per_step)
-        self._core = _AnchorCore(scheduler, self.num_envs, wm.set_mode)
+        self._core = _AnchorCore(scheduler, self.num_envs, wm.set_mode, auto_group_size)
         self._steps = VectorSteps(env)
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
