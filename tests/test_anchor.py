@@ -169,6 +169,19 @@ def test_automatic_groups_of_consecutive_episodes():
         AnchorWrapper(WorldModelWrapper(toy, wm), auto_group_size=0)
 
 
+def test_unscheduled_automatic_groups_leave_the_trainers_fraction_alone():
+    env, toy, _ = stack(0.25, seed=3, anchor_auto_groups=False)
+    sched = env.get_wrapper_attr("scheduler")
+    for step in range(40):
+        for k in range(3):  # filler episodes without a group id, between the trainer's steps
+            _, info = env.reset(options={"task": k})
+            assert info["anchor"] is False
+            env.step(k)
+        list(training_steps(env, [step], groups=8, size=2))
+    assert toy.n_real_grades == 2 * sched.n_anchors  # only the trainer's anchor groups ran for real
+    assert sched.n_groups == 40 * 8 and sched.realized_fraction == pytest.approx(0.25, abs=0.01)
+
+
 def test_scheduler_state_round_trips_through_json():
     s = AnchorScheduler(fraction=0.3, max_concurrent=5, seed=11, groups_per_step=4)
     for k in range(9):

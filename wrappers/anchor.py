@@ -13,7 +13,10 @@ never completes; vector form: the number of sub-envs reset together with that id
 reset without ``group_id`` (e.g. a plain SB3 loop, or a vector autoreset) puts the
 episode in an automatic group ``"auto-<k>"`` of ``auto_group_size`` consecutive such
 episodes (default 1: singletons, which feed Online Debiasing but not Inverse-Variance
-Denoising, which needs >= 2 members per group). A reused id after its group
+Denoising, which needs >= 2 members per group). With ``anchor_auto_groups=False``
+automatic groups are never anchors and do not count toward the realized fraction: use it
+when a trainer schedules its groups itself and id-less episodes are only filler (e.g.
+sub-envs autoresetting while a GRPO rollout idles its finished slots). A reused id after its group
 completed is a new group. An episode abandoned by a reset before it ended counts as a
 finished member with unknown scores.
 
@@ -119,7 +122,12 @@ class _AnchorCore:
     """Group bookkeeping and anchor decisions for any number of slots (both forms)."""
 
     def __init__(
-        self, scheduler: AnchorScheduler, num_slots: int, set_mode: Callable[[int, str], None], auto_group_size: int
+        self,
+        scheduler: AnchorScheduler,
+        num_slots: int,
+        set_mode: Callable[[int, str], None],
+        auto_group_size: int,
+        anchor_auto_groups: bool,
     ) -> None:
         if not isinstance(auto_group_size, int) or auto_group_size < 1:
             raise ValueError(f"auto_group_size must be an int >= 1, got {auto_group_size!r}")
@@ -128,6 +136,7 @@ class _AnchorCore:
         self.members: list[_Member | None] = [None] * num_slots
         self._set_mode = set_mode
         self.auto_group_size = auto_group_size
+        self.anchor_auto_groups = anchor_auto_groups
         self._auto = 0  # automatic groups opened so far
 
     def start(self, slot: int, group_id: Hashable | None, size: int | None) -> dict[str, Any]:
@@ -137,10 +146,11 @@ class _AnchorCore:
             result = self._finish(slot)
             if result is not None:
                 extra["group_result"] = result
+        scheduled = group_id is not None or self.anchor_auto_groups
         if group_id is None:
             group_id, size = self._auto_group(), self.auto_group_size
         self.book.join(group_id, size)
-        anchor = self.scheduler.assign(group_id)
+        anchor = self.scheduler.assign(group_id) if scheduled else False
         self.members[slot] = _Member(group_id, anchor)
         self._set_mode(slot, "both" if anchor else "wm")
         extra.update(group_id=group_id, anchor=anchor, anchor_fraction=self.scheduler.realized_fraction)
@@ -243,6 +253,8 @@ class AnchorWrapper(_AnchorBase, gym.Wrapper):
             ``group_size`` (``None``: open-ended groups, which never complete).
         auto_group_size: members of the automatic groups formed by resets without a
             ``group_id`` (default 1).
+        anchor_auto_groups: whether automatic groups are scheduled like the others
+            (default True; see the module docstring).
 """
         + _INFO_DOC
         + """
@@ -265,6 +277,7 @@ class AnchorWrapper(_AnchorBase, gym.Wrapper):
         groups_per_step: int | None = None,
         group_size: int | None = None,
         auto_group_size: int = 1,
+        anchor_auto_groups: bool = True,
     ) -> None:
         super().__init__(env)
         wm = find_wrapper(env, WorldModelWrapper, needed_by="AnchorWrapper")
@@ -274,7 +287,7 @@ class AnchorWrapper(_AnchorBase, gym.Wrapper):
         def set_mode(_: int, mode: str) -> None:
             wm.mode = mode
 
-        self._core = _AnchorCore(scheduler, 1, set_mode, auto_group_size)
+        self._core = _AnchorCore(scheduler, 1, set_mode, auto_group_size, anchor_auto_groups)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         options = dict(options or {})
@@ -317,11 +330,12 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper):
         seed: int = 0,
         groups_per_step: int | None = None,
         auto_group_size: int = 1,
+        anchor_auto_groups: bool = True,
     ) -> None:
         super().__init__(env)
         wm = find_wrapper(env, VectorWorldModelWrapper, needed_by="VectorAnchorWrapper")
         scheduler = AnchorScheduler(fraction, min_per_step, max_concurrent, seed, groups_per_step)
-        self._core = _AnchorCore(scheduler, self.num_envs, wm.set_mode, auto_group_size)
+        self._core = _AnchorCore(scheduler, self.num_envs, wm.set_mode, auto_group_size, anchor_auto_groups)
         self._steps = VectorSteps(env)
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
