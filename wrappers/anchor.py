@@ -16,9 +16,9 @@ episodes (default 1: singletons, which feed Online Debiasing but not Inverse-Var
 Denoising, which needs >= 2 members per group). With ``anchor_auto_groups=False``
 automatic groups are never anchors and do not count toward the realized fraction: use it
 when a trainer schedules its groups itself and id-less episodes are only filler (e.g.
-sub-envs autoresetting while a GRPO rollout idles its finished slots). A reused id after its group
-completed is a new group. An episode abandoned by a reset before it ended counts as a
-finished member with unknown scores.
+sub-envs autoresetting while a GRPO rollout idles its finished slots). A reused id after
+its group completed is a new group. An episode abandoned by a reset before it ended
+counts as a finished member with unknown scores.
 
 Anchor members run the :class:`~wrappers.world_model.WorldModelWrapper` below in mode
 ``"both"``, the others in ``"wm"``. The decision comes from an

@@ -118,9 +118,9 @@ class AnchorScheduler:
             return self._decisions[group_id]
         if not self._plan:
             self._plan = self._choose(self.groups_per_step or 1, floor=self.groups_per_step is not None)
+        # The plan took the free concurrency slots into account when it was made, and
+        # only its own assignments open anchors until it is used up (begin_step drops it).
         is_anchor = self._plan.pop(0)
-        if is_anchor and self.max_concurrent is not None and len(self._open) >= self.max_concurrent:
-            is_anchor = False  # only possible after a begin_step filled the slots this plan counted on
         self._record(group_id, is_anchor)
         return is_anchor
 
