@@ -258,3 +258,27 @@ def test_nullable_info_vector_env_keeps_unknown_after_numbers():
     assert list(info["x"]) == [1, None, 2.5] and info["y"].dtype.kind == "i"
     _, _, _, _, info = env.step(np.zeros(3, dtype=np.int64))
     assert list(info["final_info"]["x"]) == [1, None, 2.5]
+
+
+# ------------------------------------------------------------------ multi-turn rollout on the real env
+def test_multi_turn_rollout_masks_observation_tokens(tiny):
+    """Random tiny-model replies are malformed: graded 0.0 by the env for free (no execution)."""
+    import wmrl_envs  # noqa: F401
+    from agents.llm.envs import make_vector_env
+    from agents.llm.rollout import PhaseTimer, Rollout
+
+    env = make_vector_env("wmrl/AutoResearch-v0", 2, split="train", max_turns=2)
+    rollout = Rollout(env, tiny, PlanScaffold(), group_size=2, max_new_tokens=5)
+    timer = PhaseTimer()
+    episodes = rollout.run([("titanic", "g0")], timer, seed=0)
+    assert len(episodes) == 2 and {e.group_id for e in episodes} == {"g0"}
+    for e in episodes:
+        ids, mask = e.sequence()
+        runs = [k for k in range(1, len(mask)) if mask[k] == 1 and mask[k - 1] == 0]
+        assert e.turns == 2 and len(runs) == 2 and mask[0] == 0  # two action spans, prompt masked
+        between = tiny.tokenizer.decode(ids[runs[0] : runs[1]])
+        assert "Result of your plan" in between and "malformed" in between  # the env's feedback, masked
+        assert all(m == 0 for m in mask[runs[0] + sum(1 for _ in e.segments[1][0]) : runs[1]])
+        assert e.reward == 0.0 and [o.status for o in e.outcomes] == ["malformed", "malformed"]
+        assert e.texts[0].startswith("model:")  # the scaffold's response priming
+    assert timer.wall["generation"] > 0

@@ -1,0 +1,128 @@
+"""End to end on CPU: a tiny policy trains through the full WMRL wrapper stack on real
+AutoResearch tasks; only anchor groups execute for real; a killed run resumes with its
+anchor pairs."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import wmrl_envs  # noqa: F401  (registers the env ids)
+from agents.llm.envs import make_vector_env
+from agents.llm.policy import LLMPolicy
+from agents.llm.scaffolds import PlanScaffold
+from agents.llm.trainer import GRPOConfig, train
+from wmrl_envs.world_models import CodeOutcomeModel
+from wrappers import (
+    VectorAnchorWrapper,
+    VectorCalibrationWrapper,
+    VectorWorldModelWrapper,
+    stack_state_dict,
+)
+
+TASKS = ["titanic", "penguins", "breast_cancer"]
+GROUP = 2
+MAX_TURNS = 2  # multi-turn: observation tokens between the agent's turns are masked out
+WORLD_MODEL: dict = {}
+
+# Plans a small model might write; the warm start makes the tiny policy emit text like
+# this (with sampling noise), so rollouts hold valid, failing and malformed plans.
+DEMOS = [
+    "model: random_forest\nn_estimators: 30\nmax_depth: 6",
+    "model: linear\nC: 1.0\nscale: yes",
+    "model: knn\nn_neighbors: 15",
+    "model: baseline",
+]
+
+
+def _warm_start(policy: LLMPolicy, steps: int = 40) -> None:
+    """A few supervised steps on DEMOS so the random tiny model writes plan-like text."""
+    scaffold = PlanScaffold()
+    from agents.llm.scaffolds import TaskSpec
+
+    spec = TaskSpec("titanic", "binary", "accuracy", "survived", "id", "label", ("no", "yes"), "Titanic")
+    ctx = policy.chat_ids(scaffold.initial_messages("", spec))
+    seqs = [ctx + policy.tokenizer(d, add_special_tokens=False)["input_ids"] + [policy.eos_token_id] for d in DEMOS]
+    masks = [[0] * len(ctx) + [1] * (len(s) - len(ctx)) for s in seqs]
+    opt = torch.optim.AdamW(policy.trainable_parameters(), lr=3e-3)
+    for _ in range(steps):
+        lp, _, m = policy.token_logprobs(seqs, masks)
+        loss = -(lp * m).sum() / m.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def _world_model():
+    """The shipped CodeOutcomeModel, else one fitted on the shipped pool execution logs."""
+    try:
+        return CodeOutcomeModel.load_default()
+    except FileNotFoundError:
+        pass
+    from wmrl_envs.autoresearch.leaderboard import logs_root
+    from wmrl_envs.autoresearch.tasks import list_catalog
+    from wmrl_envs.world_models import CodeOutcomeConfig, read_logs
+
+    files = [logs_root() / f"{t}.jsonl" for t in list_catalog("train")]
+    records = [r for f in files if f.is_file() for r in read_logs(f)]
+    if not records:
+        pytest.skip("no shipped world model and no shipped pool logs to fit one")
+    return CodeOutcomeModel(CodeOutcomeConfig(max_iter=30)).fit(records)
+
+
+def _stack(fraction: float):
+    env = make_vector_env("wmrl/AutoResearch-v0", len(TASKS) * GROUP, split="train", max_turns=MAX_TURNS)
+    env = VectorWorldModelWrapper(env, WORLD_MODEL.get("wm") or WORLD_MODEL.setdefault("wm", _world_model()), mode="wm")
+    env = VectorAnchorWrapper(env, fraction=fraction, min_per_step=1, seed=0)
+    # Small calibration thresholds so the map is fitted within the test's few anchor pairs.
+    return VectorCalibrationWrapper(env, start_pairs=2, refit_every=1)
+
+
+@pytest.fixture(scope="module")
+def policy():
+    p = LLMPolicy.tiny(seed=0)
+    _warm_start(p)
+    return p
+
+
+def test_wmrl_training_through_full_stack_executes_only_anchor_groups(policy, tmp_path):
+    env = _stack(fraction=0.34)
+    config = GRPOConfig(
+        groups_per_step=len(TASKS), group_size=GROUP, total_steps=2, max_new_tokens=24, learning_rate=1e-3,
+        micro_batch_size=6, output_dir=str(tmp_path / "run"), progress=False,
+    )
+    before = [p.detach().clone() for p in policy.trainable_parameters()]
+    result = train(policy, env, PlanScaffold(), config, tasks=TASKS)
+    assert [h["step"] for h in result.history] == [1, 2]
+
+    wm = env.env.env  # VectorWorldModelWrapper
+    anchors = sum(round(h["anchor/realized_fraction"] * len(TASKS)) for h in result.history)
+    per_step_real = [h["real_executions/step"] for h in result.history]
+    # Real executions happen only inside anchor groups: at most GROUP * MAX_TURNS per anchor group.
+    assert anchors >= 2  # min_per_step=1 in each of the 2 steps
+    assert sum(per_step_real) == wm.counters.real_executions <= anchors * GROUP * MAX_TURNS
+    assert wm.counters.wm_predictions >= wm.counters.real_executions
+    for h in result.history:
+        assert h["anchor/realized_fraction"] >= 1 / len(TASKS) - 1e-9
+        assert h["real_executions/step"] <= round(h["anchor/realized_fraction"] * len(TASKS)) * GROUP * MAX_TURNS
+        assert h["episodes/turns_mean"] == MAX_TURNS
+        assert h["time/generation_wall"] > 0 and h["anchor/weight"] >= 1.0
+    # The update really changed the policy when any group had a learning signal.
+    if any(h.get("loss/tokens") for h in result.history):
+        assert any(not torch.equal(a, b) for a, b in zip(before, policy.trainable_parameters()))
+
+    lines = (tmp_path / "run/metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]
+    assert any(p.name.startswith("events") for p in (tmp_path / "run/tb").iterdir())
+    saved = json.loads((tmp_path / "run/checkpoint/wrappers.json").read_text())
+    assert saved["calibration"] == json.loads(json.dumps(stack_state_dict(env)["calibration"], default=str))
+
+    # "Kill" the run after step 2 and resume in a fresh stack to step 3: the anchor pairs survive.
+    pairs_before = len(env.debiaser.pairs)
+    resumed_env = _stack(fraction=0.34)
+    resumed = train(policy, resumed_env, PlanScaffold(), GRPOConfig(**{**config.__dict__, "total_steps": 3}), tasks=TASKS, resume=True)
+    assert [h["step"] for h in resumed.history] == [3]
+    assert len(resumed_env.debiaser.pairs) >= pairs_before
+    assert resumed.history[0]["calibration/anchor_pairs_total"] >= pairs_before
