@@ -70,7 +70,13 @@ class OutcomeSeam:
         raise NotImplementedError
 
     def pending_grading_request(self) -> GradingRequest | None:
-        """:meth:`grading_request` of :attr:`pending_action` (for vector wrappers)."""
+        """:meth:`grading_request` of :attr:`pending_action` (for vector wrappers).
+
+        ``None`` when no action is pending (e.g. a sub-env whose episode ended and that
+        autoresets on its next step).
+        """
+        if self.pending_action is None:
+            return None
         return self.grading_request(self.pending_action)
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
