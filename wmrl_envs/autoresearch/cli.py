@@ -7,7 +7,8 @@ Commands::
     wmrl-tasks build-leaderboards [--tasks T ...]     execute the reference pools (sandbox),
         [--max-concurrent 2] [--size full|small]      write leaderboards + pool logs (JSONL)
         [--no-logs] [--logs-dir DIR] [--backend local|docker]
-    wmrl-tasks catalog-table [--out docs/catalog.md]  write the markdown catalog table
+    wmrl-tasks catalog-table [--out docs/catalog.md]  write the markdown catalog table (between
+                                                      the file's two <!-- catalog-table --> markers)
     wmrl-tasks generate --seed S [--count N] [--root DIR] [--leaderboard]
     wmrl-tasks byo CSV --target COL [--metric M] [--task-type T] [--id-column C]
         [--test-fraction F] [--task-id NAME] [--root DIR] [--leaderboard]
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Sequence
 
 __all__ = ["main", "catalog_table"]
+
+_MARK = "<!-- catalog-table -->"
 
 
 def catalog_table() -> str:
@@ -106,7 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(summary, indent=1))
     elif args.cmd == "catalog-table":
         text = catalog_table()
-        if args.out:
+        if args.out and args.out.is_file() and _MARK in args.out.read_text():
+            # replace only the table between the two markers, keep the prose around it
+            head, _, rest = args.out.read_text().partition(_MARK)
+            _, _, tail = rest.partition(_MARK)
+            args.out.write_text(f"{head}{_MARK}\n{text}{_MARK}{tail}")
+        elif args.out:
             args.out.write_text(text)
         else:
             sys.stdout.write(text)

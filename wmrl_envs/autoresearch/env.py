@@ -155,7 +155,8 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
         executor: a :class:`wmrl_envs.sandbox.Executor`; default
             :func:`wmrl_envs.sandbox.default_executor`, created on first use.
 
-    ``reset(options={"task": <id or dir>, "group_id": g})`` fixes the task and group.
+    ``reset(options={"task": <id or dir>, "group_id": g, "group_size": n})`` fixes the task
+    and group (``group_size`` is passed through to ``info`` for group-aware wrappers).
     """
 
     metadata = {"render_modes": ["ansi"]}
@@ -194,6 +195,7 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
         self.action_space = FreeText(self.config.max_action_chars)
         self.task: Task | None = None
         self.group_id: Any = None
+        self._group_size: int | None = None
         self._turn = 0
         self._history: list[str] = []
         self._outcomes: list[Outcome | None] = []
@@ -204,14 +206,15 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         options = dict(options or {})
-        unknown = set(options) - {"task", "group_id"}
+        unknown = set(options) - {"task", "group_id", "group_size"}
         if unknown:
-            raise ValueError(f"unknown reset options {sorted(unknown)}; supported: 'task', 'group_id'")
+            raise ValueError(f"unknown reset options {sorted(unknown)}; supported: 'task', 'group_id', 'group_size'")
         if options.get("task") is not None:
             self.task = get_task(options["task"])
         else:
             self.task = self._pool[int(self.np_random.integers(len(self._pool)))]
         self.group_id = options.get("group_id")
+        self._group_size = options.get("group_size")
         self._turn, self._history, self._outcomes, self._best = 0, [], [], None
         self._last_obs = self._cap(self.task.overview(self.config.overview_chars) + "\n" + self._instructions())
         return self._last_obs, self._reset_info()
@@ -221,7 +224,8 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
 
     # ----------------------------------------------------------------------- outcome seam
     def grading_request(self, action: Any) -> GradingRequest | None:
-        self._require_episode()
+        if self.task is None or self._turn >= self.config.max_turns:
+            return None  # no episode in progress: nothing to grade (step() will say why)
         parsed = parse_action(action)
         if parsed.kind != "execute" or check_syntax(parsed.payload) is not None:
             return None
@@ -335,6 +339,7 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
         return {
             "task_id": t.task_id,
             "group_id": self.group_id,
+            "group_size": self._group_size,
             "split": t.split,
             "title": t.title,
             "target": t.target,

@@ -267,10 +267,10 @@ def grade_script(task: Task, script: str, executor: Any, leaderboard: Sequence[f
         return syntax
     try:
         result = executor.run(script, inputs=task.inputs(), outputs=(SUBMISSION_FILE,), limits=limits)
-    except Exception:
-        log.exception("sandbox failed while grading a solution for task %s", task.task_id)
+        return outcome_from_execution(task, result, leaderboard)
+    except Exception:  # the harness (sandbox, answers, leaderboard), not the solution, failed
+        log.exception("grader failed on a solution for task %s", task.task_id)
         return None
-    return outcome_from_execution(task, result, leaderboard)
 
 
 def grading_context(task: Task, turn: int = 0, history: Sequence[str] = (), *, max_overview_chars: int = 2500) -> dict[str, Any]:
