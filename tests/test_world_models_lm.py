@@ -112,7 +112,9 @@ def test_trained_tiny_lm_answers_through_batched_generation(tiny):
     model, tokenizer = tiny
     wm = LMWorldModel(LMWorldModelConfig(max_new_tokens=40, batch_size=4), model=model, tokenizer=tokenizer)
     prompts = [wm.render(CONTEXT, SCRIPT), wm.render({**CONTEXT, "overview": "Short."}, SCRIPT)]
-    target = tokenizer(ANSWER + "<eos>", add_special_tokens=False)["input_ids"]
+    # The prompt ends in the answer prefix; the model learns the rest of the answer.
+    assert prompts[0].endswith(wm.config.answer_prefix) and ANSWER.startswith(wm.config.answer_prefix)
+    target = tokenizer(ANSWER[len(wm.config.answer_prefix) :] + "<eos>", add_special_tokens=False)["input_ids"]
     seqs = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     width = max(map(len, seqs)) + len(target)
     pad = tokenizer.pad_token_id
@@ -130,6 +132,7 @@ def test_trained_tiny_lm_answers_through_batched_generation(tiny):
     out = wm.predict([CONTEXT, {**CONTEXT, "overview": "Short."}], [SCRIPT, SCRIPT])
     assert [o.status if o else None for o in out] == ["runtime_error", "runtime_error"], wm.last_texts
     assert out[0].score == 0.1 and out[0].feedback == "KeyError: species" and out[0].cost > 0
+    assert wm.last_texts[0].startswith(ANSWER)
 
 
 def test_vllm_backend_requires_vllm():

@@ -93,6 +93,10 @@ class LMWorldModelConfig:
         max_overview_chars: the task overview is cut to this many characters (default 2000).
         max_code_lines: the solution is cut to this many numbered lines (default 200).
         max_prompt_tokens: prompts are truncated from the left to this many tokens (default 2048).
+        answer_prefix: text the answer is forced to start with, appended to the prompt
+            and prepended to the generation before parsing (default ``'{"status": "'``).
+            Small instruct models otherwise tend to rewrite the code instead of
+            answering (SmolLM2-135M did on 4 of 4 pool scripts without it); ``""`` disables it.
         compile_gate: answer non-compiling scripts exactly (``syntax_error``, 0.0) without
             asking the LM (default True).
         device: torch device of the transformers backend (default ``"cpu"``).
@@ -111,6 +115,7 @@ class LMWorldModelConfig:
     max_overview_chars: int = 2000
     max_code_lines: int = 200
     max_prompt_tokens: int = 2048
+    answer_prefix: str = '{"status": "'
     compile_gate: bool = True
     device: str = "cpu"
     num_threads: int | None = None
@@ -238,7 +243,7 @@ class LMWorldModel:
 
     def __init__(self, config: LMWorldModelConfig | None = None, *, model: Any = None, tokenizer: Any = None) -> None:
         self.config = config or LMWorldModelConfig()
-        self.last_texts: list[str] = []  # raw generations of the last predict call (for inspection)
+        self.last_texts: list[str] = []  # answers (prefix + generation) of the last predict call
         self._vllm = None
         backend = self.config.backend
         if backend == "auto":
@@ -283,11 +288,13 @@ class LMWorldModel:
         self._vllm = LLM(model=model, seed=self.config.seed)
 
     def render(self, context: Mapping[str, Any], code: str) -> str:
-        """The prompt text for one (context, script) pair."""
+        """The prompt text for one (context, script) pair (ending in the answer prefix)."""
         messages = build_messages(context, code, self.config)
         if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return "\n\n".join(f"{m['role'].upper()}: {m['content']}" for m in messages) + "\n\nASSISTANT: "
+            prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        else:
+            prompt = "\n\n".join(f"{m['role'].upper()}: {m['content']}" for m in messages) + "\n\nASSISTANT: "
+        return prompt + self.config.answer_prefix
 
     def generate(self, prompts: Sequence[str]) -> list[str]:
         """Generated continuations of ``prompts`` (batched)."""
@@ -337,6 +344,7 @@ class LMWorldModel:
         out: list[Outcome | None] = [compile_gate(a) if self.config.compile_gate else None for a in actions]
         todo = [i for i, o in enumerate(out) if o is None]
         texts = self.generate([self.render(contexts[i], actions[i]) for i in todo]) if todo else []
+        texts = [self.config.answer_prefix + t for t in texts]
         self.last_texts = texts
         for i, text in zip(todo, texts):
             out[i] = parse_prediction(text)
