@@ -345,3 +345,29 @@ def test_cli_fit_fidelity_update(tmp_path, split, capsys):
     assert CodeOutcomeModel.load(tmp_path / "m2").info["n_used"] > CodeOutcomeModel.load(tmp_path / "m").info["n_used"]
     with pytest.raises(SystemExit):
         cli.main(["fit", "--logs", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "x"), "--split", "nosuch"])
+
+
+# ------------------------------------------------------ shipped default model
+def test_default_model_is_shipped_small_and_ranks_held_out_pool():
+    """The shipped model (fitted on real pool logs of train-split catalog tasks) on
+    held-out catalog tasks: exact syntax gate, strong templates above trivial ones."""
+    from wmrl_envs.autoresearch.grading import grading_context
+    from wmrl_envs.autoresearch.leaderboard import reference_pool
+    from wmrl_envs.autoresearch.tasks import get_task, list_catalog
+    from wmrl_envs.world_models.code_outcome import DEFAULT_MODEL_DIR
+
+    assert sum(f.stat().st_size for f in DEFAULT_MODEL_DIR.iterdir()) < 5 << 20
+    model = CodeOutcomeModel.load_default()
+    held_out = list_catalog("test")
+    assert model.info["training_split"] == "train" and not set(model.info["tasks"]) & set(held_out)
+    strong, weak = [], []
+    for task_id in held_out[:3]:
+        task = get_task(task_id)
+        pool = {s.solution_id: s.code for s in reference_pool(task)}
+        ctx = grading_context(task)
+        out = dict(zip(pool, model.predict([ctx] * len(pool), list(pool.values()))))
+        assert out["broken_syntax_error"].status == "syntax_error" and out["broken_syntax_error"].score == 0.0
+        assert all(o is not None and o.source == "wm" for o in out.values())
+        strong += [out[k].score for k in ("hgb_default", "rf_100", "hgb_tuned_es")]
+        weak += [out[k].score for k in ("tree_depth_1", "knn_1", "broken_timeout")]
+    assert np.mean(strong) > np.mean(weak) + 0.1, (strong, weak)

@@ -153,6 +153,7 @@ class CodeOutcomeModel:
             "n_records": len(records),
             "n_used": len(usable),
             "n_tasks": len({r.task_id for r in usable}),
+            "tasks": sorted({r.task_id for r in usable}),
             "status_counts": {s: int((status == s).sum()) for s in self.classes_},
         }
         return self
