@@ -140,21 +140,18 @@ class CodeOutcomeModel:
     def fit(self, records: Sequence[LogRecord]) -> "CodeOutcomeModel":
         """Fit on execution-log records (compile failures and unknown outcomes are left out:
         the compile gate handles the former exactly and the latter carry no label)."""
-        usable = [r for r in records if r.known and compile_gate(r.code) is None]
+        usable = _usable(records)
         if not usable:
             raise ValueError(f"no usable records among {len(records)}: every one failed to compile or had an unknown outcome")
         self.featurizer = ScriptFeaturizer(n_hash=self.config.n_hash).fit([r.context for r in usable], [r.code for r in usable])
-        X = self.featurizer.transform([r.context for r in usable], [r.code for r in usable])
-        status = np.array([r.outcome.status for r in usable])
-        pct = np.array([np.nan if (p := percentile_of(r.outcome)) is None else p for r in usable], dtype=np.float64)
-        weight = np.array([self.config.anchor_weight if r.origin == "anchor" else 1.0 for r in usable])
-        self._fit_arrays(X, status, pct, weight)
+        arrays = self._arrays(usable)
+        self._fit_arrays(*arrays)
         self.info = {
             "n_records": len(records),
             "n_used": len(usable),
             "n_tasks": len({r.task_id for r in usable}),
             "tasks": sorted({r.task_id for r in usable}),
-            "status_counts": {s: int((status == s).sum()) for s in self.classes_},
+            "status_counts": {s: int((arrays[1] == s).sum()) for s in self.classes_},
         }
         return self
 
@@ -166,23 +163,23 @@ class CodeOutcomeModel:
         """
         if self._train is None:
             raise RuntimeError("update needs the training data: fit (or load) a model with keep_training_data=True first")
-        usable = [r for r in records if r.known and compile_gate(r.code) is None]
+        usable = _usable(records)
         if not usable:
             return self
+        old = self._train
+        new = self._arrays(usable)
+        self._fit_arrays(np.vstack([old["X"], new[0]]), *(np.concatenate([old[k], v]) for k, v in zip(("status", "pct", "weight"), new[1:])))
+        self.info["n_used"] = len(self._train["status"])
+        self.info["n_updates"] = self.info.get("n_updates", 0) + 1
+        return self
+
+    def _arrays(self, usable: Sequence[LogRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(features, status labels, valid percentiles (NaN otherwise), sample weights)."""
         X = self.featurizer.transform([r.context for r in usable], [r.code for r in usable])
         status = np.array([r.outcome.status for r in usable])
         pct = np.array([np.nan if (p := percentile_of(r.outcome)) is None else p for r in usable], dtype=np.float64)
         weight = np.array([self.config.anchor_weight if r.origin == "anchor" else 1.0 for r in usable])
-        t = self._train
-        self._fit_arrays(
-            np.vstack([t["X"], X]),
-            np.concatenate([t["status"], status]),
-            np.concatenate([t["pct"], pct]),
-            np.concatenate([t["weight"], weight]),
-        )
-        self.info["n_used"] = len(self._train["status"])
-        self.info["n_updates"] = self.info.get("n_updates", 0) + 1
-        return self
+        return X, status, pct, weight
 
     def _tree_kwargs(self) -> dict[str, Any]:
         c = self.config
@@ -331,6 +328,10 @@ class CodeOutcomeModel:
         if not (DEFAULT_MODEL_DIR / "model.joblib").is_file():
             raise FileNotFoundError(f"no default CodeOutcomeModel shipped at {DEFAULT_MODEL_DIR}; fit one with `wmrl-wm fit`")
         return cls.load(DEFAULT_MODEL_DIR)
+
+
+def _usable(records: Sequence[LogRecord]) -> list[LogRecord]:
+    return [r for r in records if r.known and compile_gate(r.code) is None]
 
 
 def _with_cost(o: Outcome, cost: float) -> Outcome:
