@@ -8,8 +8,8 @@ override it, so a run is fully described by ``config.json`` in its run directory
 
 Classes: :class:`DropUnknownInfo`. Functions: :func:`add_config_arguments`, :func:`build_config`, :func:`load_config_file`,
 :func:`config_to_dict`, :func:`task_split`, :func:`make_vector_env`, :func:`make_stack`,
-:func:`load_world_model`, :func:`load_policy`, :func:`summarize_seeds`, :func:`new_figure`,
-:func:`save_figure`, :func:`cpu_clock`. Constants: :data:`ARMS`, :data:`CONFIG_DIR`.
+:func:`load_world_model`, :func:`load_policy`, :func:`warm_start_plans`, :func:`summarize_seeds`, :func:`new_figure`,
+:func:`save_figure`, :func:`cpu_clock`. Constants: :data:`ARMS`, :data:`CONFIG_DIR`, :data:`POLICIES`, :data:`PLAN_DEMOS`.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ __all__ = [
     "make_stack",
     "load_world_model",
     "load_policy",
+    "warm_start_plans",
+    "POLICIES",
+    "PLAN_DEMOS",
     "summarize_seeds",
     "new_figure",
     "save_figure",
@@ -205,16 +208,16 @@ def make_vector_env(split: str, num_envs: int, *, max_turns: int, wall_seconds: 
 
 
 def make_stack(arm: str, env: Any, world_model: Any, *, anchor_fraction: float, anchor_min_per_step: int, seed: int, calibration: Mapping[str, Any]) -> Any:
-    """The env stack of a training arm: ``real`` (bare env), ``wm`` (raw world model),
+    """The env stack of a training arm: ``real`` (real execution), ``wm`` (raw world model),
     ``wmrl`` (world model + anchors + Online Debiasing + Inverse-Variance Denoising)."""
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; choose from {ARMS}")
-    if arm == "real":
-        return env
     from wrappers import VectorAnchorWrapper, VectorCalibrationWrapper, VectorWorldModelWrapper
 
-    env = VectorWorldModelWrapper(env, world_model, mode="wm")
-    if arm == "wm":
+    # The real arm goes through the wrapper in "env" mode (real grading only) so that every
+    # arm's real executions are counted by the same counter.
+    env = VectorWorldModelWrapper(env, world_model, mode="env" if arm == "real" else "wm")
+    if arm in ("real", "wm"):
         return env
     env = VectorAnchorWrapper(env, fraction=anchor_fraction, min_per_step=anchor_min_per_step, seed=seed)
     return VectorCalibrationWrapper(env, **calibration)
@@ -235,17 +238,52 @@ def load_world_model(spec: str) -> Any:
     return CodeOutcomeModel.load(spec)
 
 
+#: Policies :func:`load_policy` knows.
+POLICIES = ("default", "tiny", "tiny-plan")
+
+#: Plans the ``tiny-plan`` smoke policy is warm-started on (one per model family).
+PLAN_DEMOS = (
+    "model: random_forest\nn_estimators: 30\nmax_depth: 6",
+    "model: linear\nC: 1.0\nscale: yes",
+    "model: knn\nn_neighbors: 15",
+    "model: gradient_boosting\nn_estimators: 50",
+    "model: baseline",
+)
+
+
+def warm_start_plans(policy: Any, steps: int = 40, learning_rate: float = 3e-3) -> None:
+    """A few supervised steps on :data:`PLAN_DEMOS` after the plan scaffold's prompt, so a
+    randomly initialised model writes plan-like text (valid, failing and malformed plans
+    after sampling noise): a CPU-cheap stand-in that exercises every grading path."""
+    import torch
+
+    from agents.llm.scaffolds import PlanScaffold, TaskSpec
+
+    spec = TaskSpec("demo", "binary", "accuracy", "target", "id", "label", ("no", "yes"), "Demo")
+    context = policy.chat_ids(PlanScaffold().initial_messages("", spec))
+    seqs = [context + policy.tokenizer(d, add_special_tokens=False)["input_ids"] + [policy.eos_token_id] for d in PLAN_DEMOS]
+    masks = [[0] * len(context) + [1] * (len(s) - len(context)) for s in seqs]
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=learning_rate)
+    for _ in range(steps):
+        logprobs, _, mask = policy.token_logprobs(seqs, masks)
+        loss = -(logprobs * mask).sum() / mask.sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    policy.sync_backend()
+
+
 def load_policy(spec: str, checkpoint: str | None = None) -> Any:
-    """``"default"`` (SmolLM2-135M-Instruct, offline) or ``"tiny"`` (random from-config model),
+    """``"default"`` (SmolLM2-135M-Instruct, offline), ``"tiny"`` (random from-config model) or
+    ``"tiny-plan"`` (tiny, warm-started on :data:`PLAN_DEMOS`: smoke runs and tests),
     optionally with the trainable weights of a trainer checkpoint directory."""
     from agents.llm.policy import LLMPolicy
 
-    if spec == "default":
-        policy = LLMPolicy.default()
-    elif spec == "tiny":
-        policy = LLMPolicy.tiny()
-    else:
-        raise ValueError(f"policy must be 'default' or 'tiny', got {spec!r}")
+    if spec not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {spec!r}")
+    policy = LLMPolicy.default() if spec == "default" else LLMPolicy.tiny()
+    if spec == "tiny-plan":
+        warm_start_plans(policy)
     if checkpoint:
         import torch
 

@@ -48,7 +48,7 @@ class LeaderboardConfig:
         tasks: held-out task ids (none = every registered test-split env).
         max_tasks: only the first N tasks (none = all).
         max_turns: env turns per episode.
-        policy: LLM of ``untrained`` / ``checkpoint:`` agents: ``default`` (SmolLM2) or ``tiny``.
+        policy: LLM of ``untrained`` / ``checkpoint:`` agents: ``default`` (SmolLM2), ``tiny`` or ``tiny-plan``.
         scaffold: scaffold of the LLM agents: ``plan`` or ``raw``.
         max_new_tokens: tokens sampled per turn by LLM agents.
         temperature: sampling temperature of LLM agents.

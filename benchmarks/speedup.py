@@ -66,7 +66,9 @@ RATIO_METRICS = ("wall_speedup", "cpu_speedup", "ideal_at_anchor", "ideal_no_anc
 
 @dataclass
 class SpeedupConfig:
-    """Knobs of the speedup experiment (defaults: the budgeted main job, ~10-15 min on 2 cores).
+    """Knobs of the speedup experiment (defaults: the budgeted main job, <= 15 min on 2 cores;
+    ``benchmarks/configs/speedup-main.toml`` spells them out, ``speedup-full.toml`` is the full
+    comparison with the paper's calibration constants).
 
     Attributes:
         arms: training arms to run, from ``real``, ``wm``, ``wmrl``.
@@ -79,15 +81,17 @@ class SpeedupConfig:
         temperature: sampling temperature.
         learning_rate: AdamW step size.
         micro_batch_size: sequences per forward/backward pass.
-        policy: ``default`` (SmolLM2-135M-Instruct, offline) or ``tiny`` (random from-config model).
+        policy: ``default`` (SmolLM2-135M-Instruct, offline), ``tiny`` (random from-config model) or
+            ``tiny-plan`` (tiny, warm-started on example plans: smoke runs and tests).
         scaffold: ``plan`` (compact plan scaffold) or ``raw`` (raw code).
         world_model: ``default`` (shipped fitted CodeOutcomeModel) or a saved model directory.
         anchor_fraction: target share of anchor groups (WMRL arm).
         anchor_min_per_step: floor of anchor groups per step (dominates with few groups per step).
-        calibration_start_pairs: anchor pairs before the first isotonic fit (paper: 200).
-        calibration_refit_every: refit the map after this many new pairs (paper: 64).
-        calibration_half_life: EMA half-life of the disagreement, in anchor groups (paper: 64).
-        calibration_freeze_after: anchor groups observed before the weight's scale freezes (paper: 32).
+        calibration_start_pairs: anchor pairs before the first isotonic fit (paper: 200; default 4 =
+            one anchor group, so calibration engages within the budgeted run).
+        calibration_refit_every: refit the map after this many new pairs (paper: 64; default 4).
+        calibration_half_life: EMA half-life of the disagreement, in anchor groups (paper: 64; default 4).
+        calibration_freeze_after: anchor groups observed before the weight's scale freezes (paper: 32; default 2).
         train_tasks: training task ids (none = the catalog's train split).
         eval_tasks: held-out task ids (none = the catalog's test split).
         eval_max_tasks: use only the first N held-out tasks (none = all).
@@ -112,10 +116,10 @@ class SpeedupConfig:
     world_model: str = "default"
     anchor_fraction: float = 0.10
     anchor_min_per_step: int = 1
-    calibration_start_pairs: int = 200
-    calibration_refit_every: int = 64
-    calibration_half_life: float = 64.0
-    calibration_freeze_after: int = 32
+    calibration_start_pairs: int = 4
+    calibration_refit_every: int = 4
+    calibration_half_life: float = 4.0
+    calibration_freeze_after: int = 2
     train_tasks: tuple[str, ...] | None = None
     eval_tasks: tuple[str, ...] | None = None
     eval_max_tasks: int | None = None
@@ -238,7 +242,7 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
     load_start = os.getloadavg()
     train_tasks = task_split("train", config.train_tasks)
     eval_tasks = task_split("test", config.eval_tasks, config.eval_max_tasks)
-    world_model = load_world_model(config.world_model) if any(a != "real" for a in config.arms) else None
+    world_model = load_world_model(config.world_model)
     policy = load_policy(config.policy)
     initial = policy.trainable_state_dict()
     scaffold = make_scaffold(config.scaffold)
@@ -357,7 +361,7 @@ def tables(result: Mapping[str, Any]) -> str:
 
 def _plot(summary: Sequence[Mapping[str, Any]], before: Sequence[Mapping[str, Any]], path: Path) -> Path:
     use_score = all(r.get("heldout_avg_at_k") is not None for r in summary)
-    key, label = ("heldout_avg_at_k", "held-out avg@k (real execution)") if use_score else ("heldout_reward", "held-out mean reward (avg@k unknown: no leaderboards)")
+    key, label = ("heldout_avg_at_k", "held-out avg@k (real execution)") if use_score else ("heldout_reward", "held-out mean reward\n(avg@k unknown: no leaderboards)")
     fig, ax = new_figure()
     for r in summary:
         ax.errorbar(r["cpu_s"], r[key] if r[key] is not None else float("nan"), xerr=r["cpu_s_sd"] or 0, yerr=r[f"{key}_sd"] or 0, fmt="o", capsize=3, label=r["arm"])

@@ -1,0 +1,149 @@
+"""wmrl-bench: every experiment on a minimal budget writes consistent outputs; config plumbing."""
+
+import json
+
+import pytest
+
+from benchmarks.__main__ import main
+from benchmarks.ablation import AblationConfig
+from benchmarks.common import build_config, load_config_file
+from benchmarks.speedup import SpeedupConfig
+
+pytest.importorskip("transformers")
+
+
+def _read(run_dir):
+    result = json.loads((run_dir / "results.json").read_text())
+    markdown = (run_dir / "results.md").read_text()
+    config = json.loads((run_dir / "config.json").read_text())
+    return result, markdown, config
+
+
+def test_speedup_minimal_run_is_internally_consistent(tmp_path, capsys):
+    run_dir = tmp_path / "speedup"
+    rc = main(["speedup", "--config", "speedup-smoke", "--run-dir", str(run_dir), "--no-progress", "--eval-before", "false", "--max-new-tokens", "24"])
+    assert rc == 0
+    result, markdown, config = _read(run_dir)
+    out = capsys.readouterr().out
+    assert "heldout_vs_cost.png" in out and "results.json" in out  # the CLI says where things are
+    assert (run_dir / "heldout_vs_cost.png").stat().st_size > 0
+    assert config["policy"] == "tiny-plan" and config["steps"] == 2
+
+    arms = {r["arm"]: r for r in result["per_seed"]["arms"]}
+    assert set(arms) == {"real", "wm", "wmrl"}
+    for arm in ("real", "wm", "wmrl"):
+        assert f"| {arm} |" in markdown
+        row = arms[arm]
+        assert row["steps"] == 2 and len(result["histories"][f"{arm}-seed0"]) == 2
+        parts = sum(row[k] for k in ("gen_cpu_s", "real_grading_cpu_s", "wm_grading_cpu_s", "update_cpu_s", "other_cpu_s"))
+        assert 0 < parts <= row["cpu_s"] * 1.05 + 1.0  # components are part of the measured total
+        assert row["gen_cpu_s"] > 0 and row["wall_s"] > 0
+    # The raw world-model arm never executes; the real arm executes every graded request;
+    # WMRL executes only its anchor groups (at most group_size x max_turns per anchor group).
+    assert arms["wm"]["real_executions"] == 0 and arms["wm"]["real_grading_cpu_s"] < 0.5
+    assert arms["real"]["real_executions"] > 0
+    anchor_groups = round(arms["wmrl"]["anchor_share"] * 2 * 2)
+    assert anchor_groups == 2  # floor of 1 anchor group in each of the 2 steps of 2 groups
+    assert arms["wmrl"]["real_executions"] <= anchor_groups * 2
+    # Ratios are exactly those of the measured numbers in the same file.
+    ratios = {r["arm"]: r for r in result["per_seed"]["ratios"]}
+    for arm in ("wm", "wmrl"):
+        assert ratios[arm]["wall_speedup"] == pytest.approx(arms["real"]["wall_s"] / arms[arm]["wall_s"])
+        assert ratios[arm]["cpu_speedup"] == pytest.approx(arms["real"]["cpu_s"] / arms[arm]["cpu_s"])
+        assert ratios[arm]["real_exec_share"] == pytest.approx(arms[arm]["real_executions"] / arms["real"]["real_executions"])
+        assert ratios[arm]["ideal_no_anchor"] >= ratios[arm]["ideal_at_anchor"] > 0
+    assert ratios["wm"]["real_exec_share"] == 0.0
+    assert "wall speedup" in markdown and "ideal (at anchor share)" in markdown
+    for r in result["arms"]:
+        assert r["heldout_avg_at_k"] is None or 0.0 <= r["heldout_avg_at_k"] <= 1.0
+        assert 0.0 <= r["heldout_valid_rate"] <= 1.0
+
+
+def _ablation_args(run_dir, *extra):
+    return ["ablation", "--run-dir", str(run_dir), "--no-progress", "--steps", "24", "--groups-per-step", "5",
+            "--anchor-fraction", "0.2", "--calibration-start-pairs", "8", "--calibration-refit-every", "4",
+            "--calibration-half-life", "4", "--calibration-freeze-after", "2", "--seeds", "0", "1", *extra]  # fmt: skip
+
+
+def test_ablation_minimal_run_lists_every_variant_and_shares_streams(tmp_path):
+    run_dir = tmp_path / "ablation"
+    assert main(_ablation_args(run_dir)) == 0
+    result, markdown, _ = _read(run_dir)
+    assert (run_dir / "ablation.png").stat().st_size > 0 and (run_dir / "ablation_curves.png").stat().st_size > 0
+    rows = {(r["world_model"], r["variant"]): r for r in result["summary"]}
+    for wm in ("learned", "noisy-oracle"):
+        for variant in ("none", "denoise", "debias", "both", "wm-only"):
+            row = rows[(wm, variant)]
+            assert row["seeds"] == 2 and f"| {wm} | {variant} |" in markdown
+            assert -1.0 <= row["cosine"] <= 1.0 and row["rmse"] >= 0.0
+        # Same anchors for every anchored variant; none for the reference without anchors.
+        shares = {rows[(wm, v)]["anchor_share"] for v in ("none", "denoise", "debias", "both")}
+        assert len(shares) == 1 and shares.pop() == pytest.approx(0.2)
+        assert rows[(wm, "wm-only")]["anchor_share"] == 0.0
+        assert rows[(wm, "none")]["final_weight"] == 1.0 and rows[(wm, "debias")]["final_weight"] == 1.0
+        assert rows[(wm, "both")]["fitted_at_step"] is not None
+
+
+def test_ablation_with_an_exact_world_model_matches_real_execution(tmp_path):
+    """An unbiased noiseless oracle gives exactly the real advantages: cosine 1, RMSE 0 for
+    the variants without a map (the weight stays exactly 1: zero disagreement never freezes its scale).
+    The isotonic map is not the identity outside the range of scores it has seen (it clips)."""
+    run_dir = tmp_path / "exact"
+    args = _ablation_args(run_dir, "--world-models", "noisy-oracle", "--oracle-bias", "identity", "--oracle-sigma", "0")
+    assert main(args) == 0
+    rows = {r["variant"]: r for r in _read(run_dir)[0]["summary"]}
+    for variant in ("none", "denoise", "wm-only"):
+        assert rows[variant]["final_weight"] == 1.0
+        assert rows[variant]["cosine"] == pytest.approx(1.0) and rows[variant]["rmse"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_fidelity_minimal_run(tmp_path):
+    run_dir = tmp_path / "fidelity"
+    args = ["fidelity", "--run-dir", str(run_dir), "--no-progress", "--models", "learned", "noisy-oracle",
+            "--oracle-bias", "identity", "--oracle-sigma", "0", "--seeds", "0", "1"]  # fmt: skip
+    assert main(args) == 0
+    result, markdown, _ = _read(run_dir)
+    assert (run_dir / "fidelity.png").stat().st_size > 0
+    rows = {r["model"]: r for r in result["summary"]}
+    assert set(rows) == {"learned", "noisy-oracle"} and "| metric | learned | noisy-oracle |" in markdown
+    exact = rows["noisy-oracle"]  # the logged truth itself
+    assert exact["status_accuracy"] == 1.0 and exact["spearman"] == pytest.approx(1.0)
+    assert exact["mae_before"] == pytest.approx(0.0, abs=1e-12)
+    learned = rows["learned"]
+    assert 0.0 < learned["coverage"] <= 1.0 and learned["n_records"] == exact["n_records"]
+    assert learned["spearman"] is None or -1.0 <= learned["spearman"] <= 1.0
+
+
+def test_leaderboard_minimal_run(tmp_path):
+    run_dir = tmp_path / "leaderboard"
+    args = ["leaderboard", "--run-dir", str(run_dir), "--no-progress", "--agents", "strong-baseline", "random-plan",
+            "untrained", "--policy", "tiny", "--max-tasks", "1", "--k", "2", "--max-new-tokens", "8"]  # fmt: skip
+    assert main(args) == 0
+    result, markdown, _ = _read(run_dir)
+    assert (run_dir / "leaderboard.png").stat().st_size > 0
+    rows = {r["agent"]: r for r in result["summary"]}
+    assert list(rows) == ["strong-baseline", "random-plan", "untrained"]
+    for agent, row in rows.items():
+        assert f"| {agent} |" in markdown
+        assert 0.0 <= row["valid_rate"] <= 1.0
+        assert row["avg_at_k"] is None or 0.0 <= row["avg_at_k"] <= 1.0
+    assert rows["strong-baseline"]["valid_rate"] == 1.0  # the fixed gradient-boosting solution runs
+    assert rows["untrained"]["valid_rate"] == 0.0  # a random tiny model writes no valid plan
+
+
+def test_config_files_and_flags(tmp_path):
+    assert build_config(SpeedupConfig, load_config_file("speedup-main")) == SpeedupConfig()  # the file spells out the defaults
+    full = build_config(SpeedupConfig, load_config_file("speedup-full"))
+    assert full.calibration_start_pairs == 200 and full.seeds == (0, 1, 2)
+    custom = tmp_path / "c.json"
+    custom.write_text(json.dumps({"steps": 7, "seeds": [3, 4]}))
+    assert build_config(AblationConfig, load_config_file(custom)).seeds == (3, 4)
+    with pytest.raises(ValueError, match="unknown SpeedupConfig settings \\['stepz'\\]"):
+        build_config(SpeedupConfig, {"stepz": 3})
+    with pytest.raises(ValueError, match="arms must be"):
+        SpeedupConfig(arms=("real", "bogus"))
+    with pytest.raises(FileNotFoundError, match="shipped configs"):
+        load_config_file("no-such-config")
+    ablation_only = tmp_path / "a.toml"
+    ablation_only.write_text("oracle_sigma = 0.3\n")
+    assert main(["speedup", "--config", str(ablation_only)]) == 2  # an ablation knob is not a speedup knob
