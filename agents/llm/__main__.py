@@ -75,6 +75,29 @@ def _print_eval(label: str, d: dict[str, Any]) -> None:
     print(f"[{label}] avg@k = {mean}  valid rate = {d['valid_rate']}  by category = {d['by_category']}  ({d['seconds']:.0f} s)", flush=True)
 
 
+#: Demonstration plans for ``--warm-start-steps`` (text after the "model:" prefix): every
+#: family, good and weak, so RL has choices to learn from.
+WARM_START_REPLIES = (
+    " random_forest\nn_estimators: 100\nmax_depth: 8",
+    " gradient_boosting\nn_estimators: 100\nlearning_rate: 0.1",
+    " extra_trees\nn_estimators: 100",
+    " linear\nC: 1.0\nscale: yes",
+    " knn\nn_neighbors: 15",
+    " baseline",
+)
+
+
+def _warm_start(policy: Any, scaffold: Any, args: argparse.Namespace) -> None:
+    from agents.llm.scaffolds import TaskSpec
+    from agents.llm.trainer import warm_start
+    from wmrl_envs.autoresearch.tasks import get_task, list_catalog
+
+    specs = [TaskSpec.from_info({**get_task(t).to_json(), **get_task(t).meta_features()}) for t in (args.tasks or list_catalog("train"))]
+    losses = warm_start(policy, scaffold, specs, WARM_START_REPLIES, steps=args.warm_start_steps,
+                        learning_rate=args.warm_start_lr, seed=args.seed)
+    print(f"warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from agents.llm.scaffolds import make_scaffold
     from agents.llm.trainer import GRPOConfig, train
@@ -85,6 +108,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     policy = _policy(args)
     scaffold = make_scaffold(args.scaffold)
+    if args.warm_start_steps and not (out / "checkpoint").exists():
+        _warm_start(policy, scaffold, args)
     if args.eval_k and not (out / "eval_before.json").exists():
         before = _evaluate(policy, scaffold, args)
         (out / "eval_before.json").write_text(json.dumps(before, indent=1, default=str))
@@ -149,6 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--anchor-fraction", type=float, default=0.10)
     t.add_argument("--checkpoint-every", type=int, default=1)
     t.add_argument("--eval-k", type=int, default=0, help="avg@k before and after training (0 = skip)")
+    t.add_argument("--warm-start-steps", type=int, default=0,
+                   help="supervised steps on demonstration plans before anything else (for the tiny model)")
+    t.add_argument("--warm-start-lr", type=float, default=1e-2)
     t.add_argument("--out", required=True)
     t.set_defaults(func=cmd_train)
 

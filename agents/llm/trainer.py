@@ -16,7 +16,7 @@ states and the wrapper stack's state (anchor pairs, calibration map, weight).
 
 Classes: :class:`GRPOConfig`, :class:`TrainResult`, :class:`Callback`.
 Functions: :func:`train`, :func:`save_checkpoint`, :func:`load_checkpoint`,
-:func:`load_policy_weights`, :func:`step_metrics`.
+:func:`load_policy_weights`, :func:`step_metrics`, :func:`warm_start`.
 
 Example (see ``tests/test_llm_agent_e2e.py`` for a runnable one)::
 
@@ -44,9 +44,9 @@ from tqdm.auto import tqdm
 from agents.grpo import LOSS_AGGREGATIONS, group_advantages, grpo_loss
 from agents.llm.policy import LLMPolicy
 from agents.llm.rollout import Episode, PhaseTimer, Rollout, find_layer
-from agents.llm.scaffolds import Scaffold
+from agents.llm.scaffolds import Scaffold, TaskSpec
 
-__all__ = ["GRPOConfig", "TrainResult", "Callback", "train", "save_checkpoint", "load_checkpoint", "load_policy_weights", "step_metrics"]
+__all__ = ["GRPOConfig", "TrainResult", "Callback", "train", "save_checkpoint", "load_checkpoint", "load_policy_weights", "step_metrics", "warm_start"]
 
 #: Called after every step with ``(step, metrics)``; returning ``True`` stops training.
 Callback = Callable[[int, dict[str, Any]], "bool | None"]
@@ -328,6 +328,48 @@ def _update(policy: LLMPolicy, optimizer: torch.optim.Optimizer, episodes: Seque
     policy.sync_backend()
     sums["tokens"] /= config.ppo_epochs
     return {f"loss/{k}": v for k, v in sums.items()} | {"loss/grad_norm": float(grad_norm)}
+
+
+def warm_start(
+    policy: LLMPolicy,
+    scaffold: Scaffold,
+    specs: Sequence[TaskSpec],
+    replies: Sequence[str],
+    *,
+    steps: int = 30,
+    learning_rate: float = 3e-3,
+    seed: int = 0,
+) -> list[float]:
+    """Supervised warm start: maximise the likelihood of demonstration ``replies`` (the text
+    the model should write after the scaffold's response prefix) on the scaffold's prompts
+    for ``specs``; one full batch of ``len(replies)`` (reply, random spec) pairs per step.
+
+    Meant for small from-config models that cannot yet follow the format at all; returns
+    the loss per step.
+    """
+    if not specs or not replies:
+        raise ValueError("warm_start needs at least one task spec and one reply")
+    rng = random.Random(seed)
+    prefix = policy.tokenizer(scaffold.response_prefix, add_special_tokens=False)["input_ids"] if scaffold.response_prefix else []
+    prompts = {s.task_id: policy.chat_ids(scaffold.initial_messages("", s)) + list(prefix) for s in specs}
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=learning_rate)
+    losses = []
+    policy.model.train()
+    for _ in range(steps):
+        seqs, masks = [], []
+        for reply in replies:
+            ctx = prompts[rng.choice(specs).task_id]
+            target = policy.tokenizer(reply, add_special_tokens=False)["input_ids"] + [policy.eos_token_id]
+            seqs.append(ctx + target)
+            masks.append([0] * len(ctx) + [1] * len(target))
+        lp, _, mask = policy.token_logprobs(seqs, masks)
+        loss = -(lp * mask).sum() / mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    policy.sync_backend()
+    return losses
 
 
 def train(
