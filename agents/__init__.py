@@ -1,1 +1,13 @@
-"""(placeholder: filled by its issue)"""
+"""Agents that train through the wmrl env stacks (they read only what envs and wrappers put in ``info``).
+
+* :mod:`agents.grpo` — the GRPO core shared by every agent: group advantages over graded
+  members (anchor-weighted, optional Dr.GRPO centring) and the clipped token-level loss
+  with optional KL and entropy terms. No LLM-specific code.
+* :mod:`agents.llm` — the LLM agent: :mod:`~agents.llm.policy` (any HF causal LM; offline
+  default SmolLM2-135M-Instruct), :mod:`~agents.llm.scaffolds` (raw-code and compact plan
+  scaffolds), :mod:`~agents.llm.rollout` (multi-turn group rollouts), :mod:`~agents.llm.trainer`
+  (``GRPOConfig`` + ``train()``), :mod:`~agents.llm.evaluate` (avg@k), and a CLI:
+  ``python -m agents.llm train|evaluate``.
+
+Submodules import torch / transformers; ``import agents`` alone does not.
+"""

@@ -75,6 +75,7 @@ class Episode:
     source: str | None = None
     anchor: bool = False
     outcomes: list[Any] = field(default_factory=list)
+    graded_steps: int = 0
     final_info: dict[str, Any] = field(default_factory=dict)
 
     def context(self) -> list[int]:
@@ -272,6 +273,7 @@ class Rollout:
 
     def _record(self, e: Episode, obs: Any, ended: bool, info: dict[str, Any]) -> None:
         e.turns += 1
+        e.graded_steps += bool(info.get("graded"))
         if info.get("source") is not None:
             e.source = info["source"]
         if ended:

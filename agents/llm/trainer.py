@@ -408,8 +408,10 @@ def train(
     np.random.seed(config.seed)
     torch.manual_seed(config.seed)
     checkpoint = Path(resume) if isinstance(resume, (str, Path)) else (out_dir / "checkpoint" if out_dir and resume else None)
+    real_total = 0
     if checkpoint is not None and (checkpoint / "trainer.json").is_file():
-        start_step = int(load_checkpoint(checkpoint, policy, optimizer, env)["step"])
+        saved = load_checkpoint(checkpoint, policy, optimizer, env)
+        start_step, real_total = int(saved["step"]), int(saved.get("real_executions_total") or 0)
     elif isinstance(resume, (str, Path)):
         raise FileNotFoundError(f"resume: no checkpoint at {checkpoint}")
 
@@ -451,10 +453,18 @@ def train(
                 anchor_weight=anchor_weight,
                 scale_by_std=config.scale_by_std,
             )
+            # Zero-advantage members carry no policy gradient; skipping them saves their
+            # forward/backward (with kl_coef > 0 their KL term is skipped too).
             used = [(e, a) for e, a in zip(episodes, adv.advantages) if a is not None and a != 0.0]
             with timer.measure("update"):
                 loss_metrics = _update(policy, optimizer, [e for e, _ in used], [a for _, a in used], config) if used else {}
 
+            if wm_layer is not None:
+                real_step = wm_layer.counters.real_executions - real_before
+                real_total = wm_layer.counters.real_executions
+            else:  # a bare env executes every step that had a grading request
+                real_step = sum(e.graded_steps for e in episodes)
+                real_total += real_step
             metrics = step_metrics(episodes, anchor_weight)
             metrics.update(loss_metrics)
             s = adv.stats
@@ -464,10 +474,8 @@ def train(
                     "groups/skipped": s.groups_skipped,
                     "groups/degenerate": s.groups_degenerate,
                     "groups/anchor": s.anchor_groups,
-                    "real_executions/step": (wm_layer.counters.real_executions - real_before)
-                    if wm_layer is not None
-                    else sum(sum(1 for o in e.outcomes if getattr(o, "source", "env") == "env") for e in episodes),
-                    "real_executions/total": wm_layer.counters.real_executions if wm_layer is not None else None,
+                    "real_executions/step": real_step,
+                    "real_executions/total": real_total,
                     "time/step_wall": time.perf_counter() - t_step,
                     "memory/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 }
@@ -480,11 +488,13 @@ def train(
             result.last_step = step + 1
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}" if metrics["reward/mean"] is not None else "n/a", w=f"{anchor_weight:.2f}")
             done = step + 1 == config.total_steps
-            if out_dir is not None and (done or (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0)):
-                save_checkpoint(out_dir / "checkpoint", policy, optimizer, env, step + 1, {"config": asdict(config)})
+            extra = {"config": asdict(config), "real_executions_total": real_total}
+            saved_now = out_dir is not None and (done or (config.checkpoint_every > 0 and (step + 1) % config.checkpoint_every == 0))
+            if saved_now:
+                save_checkpoint(out_dir / "checkpoint", policy, optimizer, env, step + 1, extra)
             if any(cb(step + 1, metrics) for cb in callbacks):
-                if out_dir is not None and not done:
-                    save_checkpoint(out_dir / "checkpoint", policy, optimizer, env, step + 1, {"config": asdict(config)})
+                if out_dir is not None and not saved_now:
+                    save_checkpoint(out_dir / "checkpoint", policy, optimizer, env, step + 1, extra)
                 break
     finally:
         bar.close()
