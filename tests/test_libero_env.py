@@ -181,8 +181,10 @@ def test_every_task_builds_resets_steps_renders(task):
 
 
 def test_async_vector_env_two_workers():
-    make = lambda: gym.make("wmrl/LIBERO-Long-v0", task_id=SOLVABLE_TASK, image_size=32)  # noqa: E731
-    venv = gym.vector.AsyncVectorEnv([make, make], shared_memory=False)
+    make = lambda: gym.make("wmrl_envs:wmrl/LIBERO-Long-v0", task_id=SOLVABLE_TASK, image_size=32)  # noqa: E731
+    # spawn: forked workers hang once the parent has built a LIBERO env (Gymnasium builds one
+    # there to read the spaces); shared_memory=False: Text observations.
+    venv = gym.vector.AsyncVectorEnv([make, make], shared_memory=False, context="spawn")
     try:
         obs, infos = venv.reset(seed=0, options={"init_state": 0})
         assert obs["agentview_image"].shape == (2, 32, 32, 3)

@@ -21,6 +21,11 @@ the env truncates itself. ``gym.make(id, max_episode_steps=N)`` is consumed by G
 (it adds a ``TimeLimit``) and never reaches the env: pass
 ``config=LiberoLongConfig(max_episode_steps=N)`` instead.
 
+Vector envs: ``AsyncVectorEnv(fns, shared_memory=False, context="spawn")`` (one simulator and
+renderer per process). ``spawn`` (or ``forkserver``) is required: Gymnasium builds one env in
+the parent to read the spaces, and workers forked after that hang. ``shared_memory=False``
+because the instruction is a text observation.
+
 Image convention: MuJoCo renders upside down; observations and ``render()`` are flipped
 vertically so the image is upright (top of the scene at row 0). Policies trained on the
 OpenVLA-processed LIBERO datasets (rotated by 180 degrees) additionally flip left-right.
@@ -226,10 +231,23 @@ class LiberoLongEnv(OutcomeSeam, gym.Env):
         """The trajectory state of ``obs`` (taken now): proprioception + simulator joint positions."""
         return np.concatenate([obs["proprio"], np.asarray(self.sim_env.sim.data.qpos, dtype=np.float32)])
 
-    def observe_now(self) -> dict[str, Any]:
-        """Re-read the observation of the current simulator state (after editing it through ``sim_env``)."""
+    def observe_now(self, record: bool = False) -> dict[str, Any]:
+        """Re-read the observation of the current simulator state (after editing it through
+        ``sim_env``); ``record=True`` also appends it to the episode's trajectory."""
         self._obs = self._observe(self.sim_env.env._get_observations(force_update=True))
+        if record:
+            self._record(self._obs)
         return self._obs
+
+    def trajectory(self) -> LiberoTrajectory:
+        """The episode so far, as a grader would see it."""
+        return LiberoTrajectory(
+            task_id=self.task.name,
+            instruction=self.task.instruction,
+            frames=np.stack(self._frames) if self._frames else None,
+            states=np.stack(self._states),
+            actions=np.stack(self._actions) if self._actions else np.zeros((0, 7), np.float32),
+        )
 
     def _record(self, obs: dict[str, Any]) -> None:
         self._states.append(self.state_vector(obs))
@@ -309,13 +327,7 @@ class LiberoLongEnv(OutcomeSeam, gym.Env):
             raise RuntimeError("LiberoLongEnv: call reset() before step() (the episode has ended or never started)")
         if not self._ends_now():
             return None
-        trajectory = LiberoTrajectory(
-            task_id=self.task.name,
-            instruction=self.task.instruction,
-            frames=np.stack(self._frames) if self._frames else None,
-            states=np.stack(self._states),
-            actions=np.stack(self._actions) if self._actions else np.zeros((0, 7), np.float32),
-        )
+        trajectory = self.trajectory()
         context = {
             "task_id": self.task.name,
             "task_index": self.task.index,
