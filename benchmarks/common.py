@@ -9,7 +9,7 @@ override it, so a run is fully described by ``config.json`` in its run directory
 Classes: :class:`DropUnknownInfo`. Functions: :func:`add_config_arguments`, :func:`build_config`, :func:`load_config_file`,
 :func:`config_to_dict`, :func:`task_split`, :func:`make_vector_env`, :func:`make_stack`,
 :func:`load_world_model`, :func:`load_policy`, :func:`warm_start_plans`, :func:`summarize_seeds`, :func:`new_figure`,
-:func:`save_figure`, :func:`cpu_clock`. Constants: :data:`ARMS`, :data:`CONFIG_DIR`, :data:`POLICIES`, :data:`PLAN_DEMOS`.
+:func:`save_figure`, :func:`cpu_clock`. Constants: :data:`ARMS`, :data:`CONFIG_DIR`, :data:`POLICIES`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ __all__ = [
     "load_policy",
     "warm_start_plans",
     "POLICIES",
-    "PLAN_DEMOS",
     "summarize_seeds",
     "new_figure",
     "save_figure",
@@ -241,41 +240,23 @@ def load_world_model(spec: str) -> Any:
 #: Policies :func:`load_policy` knows.
 POLICIES = ("default", "tiny", "tiny-plan")
 
-#: Plans the ``tiny-plan`` smoke policy is warm-started on (one per model family).
-PLAN_DEMOS = (
-    "model: random_forest\nn_estimators: 30\nmax_depth: 6",
-    "model: linear\nC: 1.0\nscale: yes",
-    "model: knn\nn_neighbors: 15",
-    "model: gradient_boosting\nn_estimators: 50",
-    "model: baseline",
-)
-
-
-def warm_start_plans(policy: Any, steps: int = 40, learning_rate: float = 3e-3) -> None:
-    """A few supervised steps on :data:`PLAN_DEMOS` after the plan scaffold's prompt, so a
-    randomly initialised model writes plan-like text (valid, failing and malformed plans
-    after sampling noise): a CPU-cheap stand-in that exercises every grading path."""
-    import torch
-
+def warm_start_plans(policy: Any, steps: int = 30, learning_rate: float = 1e-2) -> None:
+    """Supervised warm start (:func:`agents.llm.trainer.warm_start`) on the agent CLI's
+    demonstration plans over the catalog's train tasks, so a randomly initialised model
+    writes plan-like text (valid, failing and malformed plans after sampling noise): a
+    CPU-cheap stand-in that exercises every grading path."""
+    from agents.llm.__main__ import WARM_START_REPLIES
     from agents.llm.scaffolds import PlanScaffold, TaskSpec
+    from agents.llm.trainer import warm_start
+    from wmrl_envs.autoresearch.tasks import get_task, list_catalog
 
-    spec = TaskSpec("demo", "binary", "accuracy", "target", "id", "label", ("no", "yes"), "Demo")
-    context = policy.chat_ids(PlanScaffold().initial_messages("", spec))
-    seqs = [context + policy.tokenizer(d, add_special_tokens=False)["input_ids"] + [policy.eos_token_id] for d in PLAN_DEMOS]
-    masks = [[0] * len(context) + [1] * (len(s) - len(context)) for s in seqs]
-    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=learning_rate)
-    for _ in range(steps):
-        logprobs, _, mask = policy.token_logprobs(seqs, masks)
-        loss = -(logprobs * mask).sum() / mask.sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    policy.sync_backend()
+    specs = [TaskSpec.from_info({**get_task(t).to_json(), **get_task(t).meta_features()}) for t in list_catalog("train")]
+    warm_start(policy, PlanScaffold(), specs, WARM_START_REPLIES, steps=steps, learning_rate=learning_rate)
 
 
 def load_policy(spec: str, checkpoint: str | None = None) -> Any:
     """``"default"`` (SmolLM2-135M-Instruct, offline), ``"tiny"`` (random from-config model) or
-    ``"tiny-plan"`` (tiny, warm-started on :data:`PLAN_DEMOS`: smoke runs and tests),
+    ``"tiny-plan"`` (tiny, warm-started on demonstration plans: smoke runs and tests),
     optionally with the trainable weights of a trainer checkpoint directory."""
     from agents.llm.policy import LLMPolicy
 

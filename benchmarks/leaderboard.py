@@ -156,7 +156,7 @@ def _evaluate_agent(agent: str, config: LeaderboardConfig, tasks: Sequence[str],
     if agent not in policies:
         policies[agent] = load_policy(config.policy, checkpoint)
     scaffold = make_scaffold(config.scaffold)
-    env = make_vector_env("test", config.k, max_turns=config.max_turns, wall_seconds=config.wall_seconds)
+    env = make_vector_env("test", config.k * len(tasks), max_turns=config.max_turns, wall_seconds=config.wall_seconds)
     try:
         result = evaluate(policies[agent], env, scaffold, list(tasks), k=config.k, max_new_tokens=config.max_new_tokens, temperature=config.temperature, seed=seed)
     finally:

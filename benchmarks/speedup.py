@@ -107,7 +107,7 @@ class SpeedupConfig:
     groups_per_step: int = 4
     group_size: int = 4
     max_turns: int = 1
-    max_new_tokens: int = 64
+    max_new_tokens: int = 48
     temperature: float = 1.0
     learning_rate: float = 1e-5
     micro_batch_size: int = 4
@@ -217,7 +217,8 @@ def speedup_ratios(real: Mapping[str, Any], arm: Mapping[str, Any], wmrl: Mappin
 def _evaluate(policy: Any, scaffold: Any, tasks: list[str], config: SpeedupConfig, seed: int) -> dict[str, Any]:
     from agents.llm.evaluate import evaluate
 
-    env = make_vector_env("test", config.eval_k, max_turns=config.max_turns, wall_seconds=config.wall_seconds, vectorization=config.vectorization)
+    # One slot per sample of every task: a single round, so generation is batched across tasks.
+    env = make_vector_env("test", config.eval_k * len(tasks), max_turns=config.max_turns, wall_seconds=config.wall_seconds, vectorization=config.vectorization)
     try:
         result = evaluate(policy, env, scaffold, tasks, k=config.eval_k, max_new_tokens=config.max_new_tokens, temperature=config.temperature, seed=10_000 + seed)
     finally:
