@@ -371,3 +371,12 @@ def test_default_model_is_shipped_small_and_ranks_held_out_pool():
         strong += [out[k].score for k in ("hgb_default", "rf_100", "hgb_tuned_es")]
         weak += [out[k].score for k in ("tree_depth_1", "knn_1", "broken_timeout")]
     assert np.mean(strong) > np.mean(weak) + 0.1, (strong, weak)
+
+
+@pytest.mark.parametrize("module", ["base", "logs", "features", "code_outcome", "fidelity", "noisy_oracle", "lm"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"wmrl_envs.world_models.{module}"))
+    assert result.attempted > 0 and result.failed == 0, result

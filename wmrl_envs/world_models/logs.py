@@ -27,7 +27,12 @@ _REQUIRED = ("task_id", "code", "context", "outcome")
 
 @dataclass(frozen=True)
 class LogRecord:
-    """One executed solution and its true outcome (``None``: the grader itself failed)."""
+    """One executed solution and its true outcome (``None``: the grader itself failed).
+
+    >>> r = LogRecord.from_dict({"task_id": "t", "code": "x = 1", "context": {}, "outcome": None})
+    >>> r.known, r.to_dict()["outcome"]
+    (False, None)
+    """
 
     task_id: str
     code: str
