@@ -158,3 +158,30 @@ def test_wrapper_stack_on_libero(env):
         assert 0 < sum(anchors) < len(anchors) and real == sum(anchors)
     finally:
         env.config.max_episode_steps = 520
+
+
+@pytest.mark.libero
+def test_vector_world_model_wrapper_on_libero():
+    import gymnasium as gym
+
+    from wmrl_envs.libero.env import LiberoLongConfig
+    from wrappers import VectorWorldModelWrapper
+
+    wm = ProgressOutcomeModel(StateProgressModel.load(DEFAULT_PROGRESS_MODEL), mode="final")
+    make = lambda: LiberoLongEnv(task_id=TASK, config=LiberoLongConfig(cameras=False, max_episode_steps=3))  # noqa: E731
+    venv = VectorWorldModelWrapper(gym.vector.SyncVectorEnv([make, make]), wm, mode="wm")  # next-step autoreset
+    try:
+        venv.set_mode(1, "both")
+        venv.reset(seed=0, options={"init_state": 0})
+        graded = []
+        for _ in range(5):  # crosses an episode end and the autoreset after it
+            obs, rewards, term, trunc, infos = venv.step(venv.action_space.sample())
+            if trunc.any():
+                graded.append((rewards.copy(), infos["source"].copy(), infos["true_score"].copy(), infos["wm_score"].copy()))
+        assert len(graded) == 1
+        rewards, source, true, wm_score = graded[0]
+        assert list(source) == ["wm", "env"] and true[1] == 0.0 and rewards[1] == 0.0
+        assert rewards[0] == pytest.approx(wm_score[0]) and wm_score[1] is not None
+        assert venv.counters.real_executions == 1 and venv.counters.wm_predictions == 2
+    finally:
+        venv.close()

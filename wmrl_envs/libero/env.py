@@ -323,9 +323,8 @@ class LiberoLongEnv(OutcomeSeam, gym.Env):
         return self._goal_holds() or self._turn + 1 >= self.config.max_episode_steps
 
     def grading_request(self, action: Any) -> GradingRequest | None:
-        if self._needs_reset:
-            raise RuntimeError("LiberoLongEnv: call reset() before step() (the episode has ended or never started)")
-        if not self._ends_now():
+        # An ended (or unstarted) episode has nothing to grade; step() then asks for a reset.
+        if self._needs_reset or not self._ends_now():
             return None
         trajectory = self.trajectory()
         context = {
