@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from wmrl_envs.world_models.progress import ProgressPrediction
 
@@ -156,8 +157,11 @@ class StateProgressModel:
             states = np.asarray(states, np.float32)
             if states.ndim != 2 or states.shape[1] != dim or len(states) == 0:
                 raise ValueError(f"episodes[{i}] must be a (T, {dim}) state array for {instruction!r}, got shape {states.shape}")
-            progress = np.clip(reg.predict(states), 0.0, 1.0)
-            p_success = float(clf.predict_proba(states[-1:])[0, 1]) if clf is not None else float(progress[-1])
+            # One thread: per-tree OpenMP regions on a few hundred rows cost more than they
+            # save, and stall badly when the simulator processes hold the cores.
+            with threadpool_limits(1):
+                progress = np.clip(reg.predict(states), 0.0, 1.0)
+                p_success = float(clf.predict_proba(states[-1:])[0, 1]) if clf is not None else float(progress[-1])
             out.append(ProgressPrediction(progress, p_success))
         return out
 
