@@ -296,11 +296,11 @@ def run(config: AblationConfig, run_dir: Path, *, progress: bool = True) -> dict
     return result
 
 
-def _pm(row: Mapping[str, Any], key: str) -> str | None:
+def _pm(row: Mapping[str, Any], key: str, digits: int = 3) -> str | None:
     mean, sd = row.get(key), row.get(f"{key}_sd")
     if mean is None:
         return None
-    return f"{mean:.3f}" if not sd else f"{mean:.3f} ± {sd:.3f}"
+    return f"{mean:.{digits}f}" if not sd else f"{mean:.{digits}f} ± {sd:.{digits}f}"
 
 
 def tables(result: Mapping[str, Any]) -> str:
@@ -311,7 +311,7 @@ def tables(result: Mapping[str, Any]) -> str:
             "adv. cosine (all steps)": _pm(r, "cosine"), "adv. cosine (2nd half)": _pm(r, "cosine_late"),
             "adv. RMSE (all)": _pm(r, "rmse"), "adv. RMSE (2nd half)": _pm(r, "rmse_late"),
             "anchor share": _pm(r, "anchor_share"), "final weight": _pm(r, "final_weight"),
-            "corrections engaged at step": _pm(r, "fitted_at_step"),
+            "corrections engaged at step": _pm(r, "fitted_at_step", 0),
         }
         for r in result["summary"]
     ]  # fmt: skip

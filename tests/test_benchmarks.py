@@ -21,7 +21,7 @@ def _read(run_dir):
 
 def test_speedup_minimal_run_is_internally_consistent(tmp_path, capsys):
     run_dir = tmp_path / "speedup"
-    rc = main(["speedup", "--config", "speedup-smoke", "--run-dir", str(run_dir), "--no-progress", "--eval-before", "false", "--max-new-tokens", "24"])
+    rc = main(["speedup", "--config", "speedup-smoke", "--run-dir", str(run_dir), "--no-progress", "--eval-before", "false", "--max-new-tokens", "20", "--eval-k", "1"])
     assert rc == 0
     result, markdown, config = _read(run_dir)
     out = capsys.readouterr().out
