@@ -43,9 +43,10 @@ def catalog_table() -> str:
         entries = json.loads(board.read_text())["entries"] if board.is_file() else []
         median = f"{statistics.median(e['wall_seconds'] for e in entries):.2f}" if entries else "not built"
         s = t.stats
-        rows.append(f"| {t.task_id} | {t.task_type} | {t.source} | {s['n_train']} + {s['n_test']} | {s['n_cols']} "
-                    f"({s['n_categorical']} categorical, max cardinality {s['max_cardinality']}, {s['missing_fraction']:.1%} missing) "
-                    f"| {t.metric} | {t.split} | {t.licence} | {len(entries)} | {median} |")
+        cells = [t.task_id, t.task_type, t.source, f"{s['n_train']} + {s['n_test']}",
+                 f"{s['n_cols']} ({s['n_categorical']} categorical, max cardinality {s['max_cardinality']}, {s['missing_fraction']:.1%} missing)",
+                 t.metric, t.split, t.licence, str(len(entries)), median]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows) + "\n"
 
 

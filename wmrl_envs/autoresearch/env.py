@@ -347,7 +347,9 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
             "submission_columns": t.submission_columns,
             "classes": list(t.classes) if t.classes is not None else None,
             "max_turns": self.config.max_turns,
-            **t.meta_features(),
+            # Not-applicable meta-features (n_classes of a regression task) are left out rather
+            # than set to None: vector envs batch a key by the type of its first value.
+            **{k: v for k, v in t.meta_features().items() if v is not None},
         }
 
     def _info(self, topic: str) -> str:

@@ -18,7 +18,7 @@ score (``None``), never 0.
 
 Classes: :class:`SubmissionError`. Functions: :func:`read_submission`,
 :func:`validate_submission`, :func:`score_submission`, :func:`position_score`,
-:func:`ladder_score`, :func:`check_syntax`, :func:`outcome_from_execution`,
+:func:`ladder_score`, :func:`check_syntax`, :func:`harness_failed`, :func:`outcome_from_execution`,
 :func:`grade_script`, :func:`grading_context`. Constant: :data:`LADDER`.
 """
 
@@ -47,6 +47,7 @@ __all__ = [
     "outcome_from_execution",
     "grade_script",
     "grading_context",
+    "harness_failed",
     "SUBMISSION_FILE",
 ]
 
@@ -210,6 +211,15 @@ def _tail(text: str, n: int = _FEEDBACK_TAIL) -> str:
     return text if len(text) <= n else "..." + text[-n:]
 
 
+def harness_failed(result: Any) -> bool:
+    """True when the sandbox itself failed, so nothing is known about the script.
+
+    The executor reports this as ``status="error"`` with an unknown (``None``) return code,
+    e.g. when its launcher process was killed from outside.
+    """
+    return result.status == "error" and result.returncode is None
+
+
 def outcome_from_execution(task: Task, result: Any, leaderboard: Sequence[float] | None, *, answers: pd.DataFrame | None = None) -> Outcome:
     """Turn a sandbox ``ExecutionResult`` into an :class:`Outcome` on the reward ladder.
 
@@ -267,6 +277,9 @@ def grade_script(task: Task, script: str, executor: Any, leaderboard: Sequence[f
         return syntax
     try:
         result = executor.run(script, inputs=task.inputs(), outputs=(SUBMISSION_FILE,), limits=limits)
+        if harness_failed(result):
+            log.warning("sandbox failed on a solution for task %s: %s", task.task_id, result.reason)
+            return None
         return outcome_from_execution(task, result, leaderboard)
     except Exception:  # the harness (sandbox, answers, leaderboard), not the solution, failed
         log.exception("grader failed on a solution for task %s", task.task_id)

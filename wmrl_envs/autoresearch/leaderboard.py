@@ -33,7 +33,7 @@ from typing import Any, Iterable, Sequence
 from tqdm import tqdm
 
 from wmrl_envs.autoresearch.metrics import get_metric
-from wmrl_envs.autoresearch.grading import SUBMISSION_FILE, check_syntax, grading_context, outcome_from_execution
+from wmrl_envs.autoresearch.grading import SUBMISSION_FILE, check_syntax, grading_context, harness_failed, outcome_from_execution
 from wmrl_envs.autoresearch.tasks import Task, get_task
 from wmrl_envs.outcome import Outcome
 
@@ -313,6 +313,16 @@ def _log_line(task: Task, sol: PoolSolution, outcome: Outcome | None) -> dict[st
     }
 
 
+def _first_outcome(task: Task, sol: PoolSolution, result: Any, answers: Any) -> Outcome | None:
+    """Outcome before ranking (``None`` when the sandbox itself failed twice)."""
+    syntax = check_syntax(sol.code)
+    if syntax is not None:
+        return syntax
+    if harness_failed(result):
+        return None
+    return outcome_from_execution(task, result, None, answers=answers)
+
+
 def build_leaderboards(tasks: Iterable[str | Task], executor: Any = None, config: LeaderboardConfig | None = None) -> dict[str, dict[str, Any]]:
     """Execute each task's pool in the sandbox; write leaderboards (and logs).
 
@@ -336,6 +346,10 @@ def build_leaderboards(tasks: Iterable[str | Task], executor: Any = None, config
     start = time.perf_counter()
     with ExecutorPool(executor, max_concurrent=config.max_concurrent, progress=True) as pool:
         results = dict(zip([(t.task_id, s.solution_id) for t, s in runnable], pool.map(jobs)))
+        # A run whose sandbox died from outside says nothing about the script: retry once.
+        retry = [(key, job) for key, job in zip(results, jobs) if harness_failed(results[key])]
+        for key, result in zip([k for k, _ in retry], pool.map([j for _, j in retry])):
+            results[key] = result
     elapsed = time.perf_counter() - start
 
     summary: dict[str, dict[str, Any]] = {}
@@ -343,11 +357,10 @@ def build_leaderboards(tasks: Iterable[str | Task], executor: Any = None, config
         sols = [s for t, s in plan if t is task]
         answers = task.read_answers()
         # First pass: raw scores (no leaderboard yet) to build the board itself.
-        first = {s.solution_id: (check_syntax(s.code) or outcome_from_execution(task, results[(task.task_id, s.solution_id)], None, answers=answers))
-                 for s in sols}
+        first = {s.solution_id: _first_outcome(task, s, results.get((task.task_id, s.solution_id)), answers) for s in sols}
         entries = [{"solution_id": s.solution_id, "score": first[s.solution_id].metrics["value"],
                     "wall_seconds": results[(task.task_id, s.solution_id)].wall_seconds}
-                   for s in sols if s.reference and first[s.solution_id].status == "valid"]
+                   for s in sols if s.reference and first[s.solution_id] is not None and first[s.solution_id].status == "valid"]
         board = [e["score"] for e in entries]
         (task.private_dir / "leaderboard.json").write_text(json.dumps({
             "task_id": task.task_id,
@@ -355,11 +368,12 @@ def build_leaderboards(tasks: Iterable[str | Task], executor: Any = None, config
             "higher_is_better": get_metric(task.metric).higher_is_better,
             "entries": sorted(entries, key=lambda e: e["score"], reverse=get_metric(task.metric).higher_is_better),
         }, indent=1) + "\n")
-        final = {sid: (o if o.status != "valid" else outcome_from_execution(task, results[(task.task_id, sid)], board, answers=answers))
+        final = {sid: (o if o is None or o.status != "valid" else outcome_from_execution(task, results[(task.task_id, sid)], board, answers=answers))
                  for sid, o in first.items()}
         statuses: dict[str, int] = {}
         for o in final.values():
-            statuses[o.status] = statuses.get(o.status, 0) + 1
+            key = "unknown" if o is None else o.status
+            statuses[key] = statuses.get(key, 0) + 1
         times = [e["wall_seconds"] for e in entries]
         summary[task.task_id] = {
             "n_reference": sum(s.reference for s in sols),
