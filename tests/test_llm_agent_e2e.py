@@ -13,7 +13,7 @@ import wmrl_envs  # noqa: F401  (registers the env ids)
 from agents.llm.envs import make_vector_env
 from agents.llm.policy import LLMPolicy
 from agents.llm.scaffolds import PlanScaffold
-from agents.llm.trainer import GRPOConfig, train
+from agents.llm.trainer import GRPOConfig, train, warm_start
 from wmrl_envs.world_models import CodeOutcomeModel
 from wrappers import (
     VectorAnchorWrapper,
@@ -27,32 +27,10 @@ GROUP = 2
 MAX_TURNS = 2  # multi-turn: observation tokens between the agent's turns are masked out
 WORLD_MODEL: dict = {}
 
-# Plans a small model might write; the warm start makes the tiny policy emit text like
-# this (with sampling noise), so rollouts hold valid, failing and malformed plans.
-DEMOS = [
-    "model: random_forest\nn_estimators: 30\nmax_depth: 6",
-    "model: linear\nC: 1.0\nscale: yes",
-    "model: knn\nn_neighbors: 15",
-    "model: baseline",
-]
-
-
-def _warm_start(policy: LLMPolicy, steps: int = 40) -> None:
-    """A few supervised steps on DEMOS so the random tiny model writes plan-like text."""
-    scaffold = PlanScaffold()
-    from agents.llm.scaffolds import TaskSpec
-
-    spec = TaskSpec("titanic", "binary", "accuracy", "survived", "id", "label", ("no", "yes"), "Titanic")
-    ctx = policy.chat_ids(scaffold.initial_messages("", spec))
-    seqs = [ctx + policy.tokenizer(d, add_special_tokens=False)["input_ids"] + [policy.eos_token_id] for d in DEMOS]
-    masks = [[0] * len(ctx) + [1] * (len(s) - len(ctx)) for s in seqs]
-    opt = torch.optim.AdamW(policy.trainable_parameters(), lr=3e-3)
-    for _ in range(steps):
-        lp, _, m = policy.token_logprobs(seqs, masks)
-        loss = -(lp * m).sum() / m.sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+# Plans a small model might write (text after the scaffold's "model:" prefix); the warm
+# start makes the tiny random policy emit text like this, with sampling noise, so rollouts
+# hold valid, weak and malformed plans.
+DEMOS = [" random_forest\nn_estimators: 30\nmax_depth: 6", " linear\nC: 1.0\nscale: yes", " knn\nn_neighbors: 15", " baseline"]
 
 
 def _world_model():
@@ -82,8 +60,13 @@ def _stack(fraction: float):
 
 @pytest.fixture(scope="module")
 def policy():
+    from agents.llm.scaffolds import TaskSpec
+    from wmrl_envs.autoresearch.tasks import get_task
+
     p = LLMPolicy.tiny(seed=0)
-    _warm_start(p)
+    specs = [TaskSpec.from_info({**get_task(t).to_json(), **get_task(t).meta_features()}) for t in TASKS]
+    losses = warm_start(p, PlanScaffold(), specs, DEMOS, steps=60, learning_rate=1e-2)
+    assert losses[-1] < losses[0] / 3
     return p
 
 
@@ -102,8 +85,8 @@ def test_wmrl_training_through_full_stack_executes_only_anchor_groups(policy, tm
     per_step_real = [h["real_executions/step"] for h in result.history]
     # Real executions happen only inside anchor groups: at most GROUP * MAX_TURNS per anchor group.
     assert anchors >= 2  # min_per_step=1 in each of the 2 steps
-    assert sum(per_step_real) == wm.counters.real_executions <= anchors * GROUP * MAX_TURNS
-    assert wm.counters.wm_predictions >= wm.counters.real_executions
+    assert 0 < sum(per_step_real) == wm.counters.real_executions <= anchors * GROUP * MAX_TURNS
+    assert wm.counters.wm_predictions > wm.counters.real_executions  # non-anchor groups: predicted only
     for h in result.history:
         assert h["anchor/realized_fraction"] >= 1 / len(TASKS) - 1e-9
         assert h["real_executions/step"] <= round(h["anchor/realized_fraction"] * len(TASKS)) * GROUP * MAX_TURNS
