@@ -13,8 +13,8 @@ Results go to ``<out>/agent_step_cost-<stamp>/results.{json,md}``.
 
 Usage::
 
-    python -m benchmarks.agent_step_cost                     # 3 steps, m=2 groups x n=4, both stacks
-    python -m benchmarks.agent_step_cost --stacks real --steps 2 --policy tiny
+    python -m benchmarks.agent_step_cost                     # 3 steps, m=2 groups x n=4, real stack
+    python -m benchmarks.agent_step_cost --stacks real wmrl --world-model <dir> --steps 2
 """
 
 from __future__ import annotations
@@ -31,17 +31,17 @@ PHASES = ("generation", "real_grading", "wm_grading", "env_other", "env_reset", 
 TASKS = ["titanic", "penguins", "breast_cancer", "wine", "auto_mpg", "credit_data"]
 
 
-def _stack(kind: str, num_envs: int, max_turns: int, anchor_fraction: float) -> Any:
+def _stack(kind: str, num_envs: int, max_turns: int, anchor_fraction: float, world_model: str) -> Any:
     import wmrl_envs  # noqa: F401  (registers env ids)
     from agents.llm.envs import make_vector_env
 
     env = make_vector_env("wmrl/AutoResearch-v0", num_envs, split="train", max_turns=max_turns)
     if kind == "real":
         return env
-    from wmrl_envs.world_models import CodeOutcomeModel
+    from benchmarks.common import load_world_model
     from wrappers import VectorAnchorWrapper, VectorCalibrationWrapper, VectorWorldModelWrapper
 
-    env = VectorWorldModelWrapper(env, CodeOutcomeModel.load_default(), mode="wm")
+    env = VectorWorldModelWrapper(env, load_world_model(world_model), mode="wm")
     env = VectorAnchorWrapper(env, fraction=anchor_fraction, seed=0)
     return VectorCalibrationWrapper(env)
 
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rss_after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rows, raw = [], {}
     for kind in args.stacks:
-        env = _stack(kind, args.groups * args.group_size, args.max_turns, args.anchor_fraction)
+        env = _stack(kind, args.groups * args.group_size, args.max_turns, args.anchor_fraction, args.world_model)
         config = GRPOConfig(
             groups_per_step=args.groups, group_size=args.group_size, total_steps=args.steps + 1,
             max_new_tokens=args.max_new_tokens, micro_batch_size=args.micro_batch_size, seed=args.seed,
@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.agent_step_cost", description=__doc__.split("\n\n")[0])
     parser.add_argument("--policy", choices=("default", "tiny"), default="default")
-    parser.add_argument("--stacks", nargs="+", choices=("real", "wmrl"), default=["real", "wmrl"])
+    parser.add_argument("--stacks", nargs="+", choices=("real", "wmrl"), default=["real"])
+    parser.add_argument("--world-model", default="default", help="CodeOutcomeModel for the wmrl stack: 'default' or a directory")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per stack (after one warm-up step)")
     parser.add_argument("--groups", type=int, default=2, help="groups per step (m)")
     parser.add_argument("--group-size", type=int, default=4, help="samples per group (n)")
