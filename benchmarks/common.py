@@ -133,12 +133,17 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def build_config(cls: type, file_values: Mapping[str, Any] | None = None, args: argparse.Namespace | None = None) -> Any:
-    """``cls(**defaults | file_values | flags)``; unknown keys in the file are an error."""
+    """``cls(**defaults | file_values | flags)``; unknown keys in the file are an error; the
+    string ``"none"`` in a file unsets an optional field (TOML has no null)."""
     names = {f.name for f in dataclasses.fields(cls)}
     values = dict(file_values or {})
     unknown = set(values) - names
     if unknown:
         raise ValueError(f"unknown {cls.__name__} settings {sorted(unknown)}; known: {sorted(names)}")
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():  # TOML has no null: "none" unsets an optional field
+        if isinstance(value, str) and value.lower() == "none" and type(None) in typing.get_args(hints[name]):
+            values[name] = None
     if args is not None:
         values.update({k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_")})
     for f in dataclasses.fields(cls):

@@ -94,7 +94,7 @@ class SpeedupConfig:
         calibration_freeze_after: anchor groups observed before the weight's scale freezes (paper: 32; default 2).
         train_tasks: training task ids (none = the catalog's train split).
         eval_tasks: held-out task ids (none = the catalog's test split).
-        eval_max_tasks: use only the first N held-out tasks (none = all).
+        eval_max_tasks: use only the first N held-out tasks (none = all; default 3 for the budget).
         eval_k: samples per held-out task (avg@k).
         eval_before: also evaluate the initial policy (the cost-0 point of the plot).
         wall_seconds: time limit of one solution run in the sandbox.
@@ -103,8 +103,8 @@ class SpeedupConfig:
 
     arms: tuple[str, ...] = ARMS
     seeds: tuple[int, ...] = (0,)
-    steps: int = 4
-    groups_per_step: int = 4
+    steps: int = 2
+    groups_per_step: int = 2
     group_size: int = 4
     max_turns: int = 1
     max_new_tokens: int = 48
@@ -122,9 +122,9 @@ class SpeedupConfig:
     calibration_freeze_after: int = 2
     train_tasks: tuple[str, ...] | None = None
     eval_tasks: tuple[str, ...] | None = None
-    eval_max_tasks: int | None = None
+    eval_max_tasks: int | None = 3
     eval_k: int = 2
-    eval_before: bool = True
+    eval_before: bool = False
     wall_seconds: float = 60.0
     vectorization: str = "sync"
 

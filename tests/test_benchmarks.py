@@ -134,7 +134,7 @@ def test_leaderboard_minimal_run(tmp_path):
 def test_config_files_and_flags(tmp_path):
     assert build_config(SpeedupConfig, load_config_file("speedup-main")) == SpeedupConfig()  # the file spells out the defaults
     full = build_config(SpeedupConfig, load_config_file("speedup-full"))
-    assert full.calibration_start_pairs == 200 and full.seeds == (0, 1, 2)
+    assert full.calibration_start_pairs == 200 and full.seeds == (0, 1, 2) and full.eval_max_tasks is None
     custom = tmp_path / "c.json"
     custom.write_text(json.dumps({"steps": 7, "seeds": [3, 4]}))
     assert build_config(AblationConfig, load_config_file(custom)).seeds == (3, 4)
