@@ -9,7 +9,8 @@ Agents (``agents`` knob):
   sample, rendered the same way;
 * ``untrained``: the LLM policy (``policy``) as shipped, through ``scaffold``;
 * ``checkpoint:<dir>``: the LLM policy with the trainable weights of a trainer checkpoint
-  (e.g. ``runs/speedup-.../arms/wmrl-seed0/checkpoint``).
+  or a directory with such a ``policy.pt`` (e.g. ``runs/speedup-.../arms/wmrl-seed0`` of a
+  ``speedup --save-policies true`` run).
 
 Every agent gets ``k`` samples per held-out task (the catalog ``test`` split, each registered
 as ``wmrl/AutoResearch-<task>-v0``) and is scored with the paper's avg@k

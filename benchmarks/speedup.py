@@ -99,6 +99,8 @@ class SpeedupConfig:
         eval_before: also evaluate the initial policy (the cost-0 point of the plot).
         wall_seconds: time limit of one solution run in the sandbox.
         vectorization: ``sync`` or ``async`` vector env.
+        save_policies: write each arm's trained weights to ``arms/<arm>-seed<s>/policy.pt``
+            (loadable by ``leaderboard --agents checkpoint:<that dir>``; ~0.5 GB each for SmolLM2).
     """
 
     arms: tuple[str, ...] = ARMS
@@ -127,6 +129,7 @@ class SpeedupConfig:
     eval_before: bool = False
     wall_seconds: float = 60.0
     vectorization: str = "sync"
+    save_policies: bool = False
 
     def __post_init__(self) -> None:
         bad = [a for a in self.arms if a not in ARMS]
@@ -235,7 +238,8 @@ def _evaluate(policy: Any, scaffold: Any, tasks: list[str], config: SpeedupConfi
 
 def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[str, Any]:
     """Train every arm for every seed, evaluate, write ``results.json``, ``results.md``,
-    ``heldout_vs_cost.png`` (and per-arm ``metrics.jsonl`` under ``arms/``) into ``run_dir``."""
+    ``heldout_vs_cost.png`` into ``run_dir`` (per-step metrics of every arm are in the JSON's
+    ``histories``; trained weights under ``arms/`` with ``save_policies``)."""
     from agents.llm.scaffolds import make_scaffold
     from agents.llm.trainer import GRPOConfig, train
 
@@ -265,8 +269,7 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
         grpo = GRPOConfig(
             groups_per_step=config.groups_per_step, group_size=config.group_size, total_steps=config.steps,
             max_new_tokens=config.max_new_tokens, temperature=config.temperature, learning_rate=config.learning_rate,
-            micro_batch_size=config.micro_batch_size, seed=seed, output_dir=str(run_dir / "arms" / f"{arm}-seed{seed}"),
-            tensorboard=False, progress=progress,
+            micro_batch_size=config.micro_batch_size, seed=seed, progress=progress,
         )  # fmt: skip
         wall0, cpu0 = time.perf_counter(), cpu_clock()
         try:
@@ -275,6 +278,11 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
             wall, cpu = time.perf_counter() - wall0, cpu_clock() - cpu0
             stack.close()
         histories[f"{arm}-seed{seed}"] = history
+        if config.save_policies:  # only the weights: the trainer's checkpoint adds the optimiser (x3 size)
+            import torch
+
+            (run_dir / "arms" / f"{arm}-seed{seed}").mkdir(parents=True, exist_ok=True)
+            torch.save(policy.trainable_state_dict(), run_dir / "arms" / f"{arm}-seed{seed}" / "policy.pt")
         row = _arm_row(arm, seed, history, wall, cpu, config)
         row.update(_evaluate(policy, scaffold, eval_tasks, config, seed))
         rows.append(row)

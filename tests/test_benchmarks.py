@@ -115,14 +115,23 @@ def test_fidelity_minimal_run(tmp_path):
 
 
 def test_leaderboard_minimal_run(tmp_path):
+    import torch
+
+    from benchmarks.common import load_policy
+
+    checkpoint = tmp_path / "ckpt"  # the untrained tiny model's own weights, saved as a checkpoint
+    checkpoint.mkdir()
+    torch.save(load_policy("tiny").trainable_state_dict(), checkpoint / "policy.pt")
     run_dir = tmp_path / "leaderboard"
     args = ["leaderboard", "--run-dir", str(run_dir), "--no-progress", "--agents", "strong-baseline", "random-plan",
-            "untrained", "--policy", "tiny", "--max-tasks", "1", "--k", "2", "--max-new-tokens", "8"]  # fmt: skip
+            "untrained", f"checkpoint:{checkpoint}", "--policy", "tiny", "--max-tasks", "1", "--k", "2", "--max-new-tokens", "8"]  # fmt: skip
     assert main(args) == 0
     result, markdown, _ = _read(run_dir)
     assert (run_dir / "leaderboard.png").stat().st_size > 0
     rows = {r["agent"]: r for r in result["summary"]}
-    assert list(rows) == ["strong-baseline", "random-plan", "untrained"]
+    assert list(rows) == ["strong-baseline", "random-plan", "untrained", f"checkpoint:{checkpoint}"]
+    same = [{k: v for k, v in r.items() if k.startswith("task:") or k == "valid_rate"} for r in result["per_seed"] if r["agent"] != "strong-baseline"][1:]
+    assert same[0] == same[1]  # same weights, same seed: the checkpoint agent reproduces the untrained one
     for agent, row in rows.items():
         assert f"| {agent} |" in markdown
         assert 0.0 <= row["valid_rate"] <= 1.0
