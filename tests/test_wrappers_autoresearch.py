@@ -177,12 +177,15 @@ def test_stable_baselines3_ppo_trains_through_the_stack(pool_runs, world_model):
     assert 0 <= int(action) < len(CANDIDATES)
 
 
-def test_next_step_autoreset_with_an_env_that_refuses_ended_episodes_fails_clearly(pool_runs, world_model):
+def test_next_step_autoreset_grades_nothing_for_the_autoresetting_step(pool_runs, world_model):
     venv = gym.vector.SyncVectorEnv([lambda: AutoResearchEnv(TASK, max_turns=1)] * 2)  # next-step autoreset
-    venv = VectorAnchorWrapper(VectorWorldModelWrapper(venv, world_model), fraction=0.0)
+    venv = VectorWorldModelWrapper(venv, world_model)
     venv.reset(options={"task": TASK, "group_id": "g"})
     script = fence(pool_runs["majority"][0])
     _, _, terminated, _, _ = venv.step((script, script))
     assert terminated.all()
-    with pytest.raises(RuntimeError, match="autoreset_mode=SAME_STEP or DISABLED"):
-        venv.step((script, script))
+    assert venv.counters.wm_predictions == 2
+    _, rewards, terminated, _, _ = venv.step((script, script))  # the autoreset step: nothing to grade
+    assert venv.counters.wm_predictions == 2 and not terminated.any() and (rewards == 0).all()
+    _, _, terminated, _, _ = venv.step((script, script))  # the new episodes grade again
+    assert terminated.all() and venv.counters.wm_predictions == 4

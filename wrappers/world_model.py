@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import gymnasium as gym
-import numpy as np
 from gymnasium.vector import VectorEnv, VectorWrapper
 from gymnasium.vector.utils import iterate
 
@@ -296,17 +295,7 @@ class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper):
         # episode is over, so it has nothing to grade.
         pending_actions = [a if stepped[i] else None for i, a in enumerate(iterate(self.action_space, actions))]
         self.env.set_attr("pending_action", pending_actions)
-        try:
-            requests = self.env.call("pending_grading_request")
-        except Exception as err:
-            if stepped.all():
-                raise
-            raise RuntimeError(
-                "VectorWorldModelWrapper: pending_grading_request failed while sub-envs "
-                f"{np.flatnonzero(~stepped).tolist()} wait for their next-step autoreset; this env cannot "
-                "answer grading_request(None) after an episode ended. Use autoreset_mode=SAME_STEP or "
-                "DISABLED for it."
-            ) from err
+        requests = self.env.call("pending_grading_request")  # None where no action is pending
         modes: list[str | None] = [m if (stepped[i] and requests[i] is not None) else None for i, m in enumerate(self.modes)]
         wm_idx = [i for i in range(n) if modes[i] in ("wm", "both")]
         raw_list, cal_list, wm_seconds = self._grader.predict([requests[i] for i in wm_idx])
