@@ -5,7 +5,7 @@
 * ``wmrl``: world model + anchor groups + Online Debiasing + Inverse-Variance Denoising
   (``VectorCalibrationWrapper(VectorAnchorWrapper(VectorWorldModelWrapper(env)))``).
 
-Each arm starts from the same initial weights and trains with
+After one untimed warm-up pass, each arm starts from the same initial weights and trains with
 :func:`agents.llm.trainer.train`; then :func:`agents.llm.evaluate.evaluate` scores the
 policy on held-out (catalog ``test``) tasks by real execution (avg@k). Reported per arm:
 wall-clock and CPU seconds of training, CPU seconds by component (generation, real
@@ -105,8 +105,8 @@ class SpeedupConfig:
 
     arms: tuple[str, ...] = ARMS
     seeds: tuple[int, ...] = (0,)
-    steps: int = 2
-    groups_per_step: int = 2
+    steps: int = 3
+    groups_per_step: int = 3
     group_size: int = 4
     max_turns: int = 1
     max_new_tokens: int = 48
@@ -217,6 +217,19 @@ def speedup_ratios(real: Mapping[str, Any], arm: Mapping[str, Any], wmrl: Mappin
     return out
 
 
+def _warm_up(policy: Any, batch: int, max_new_tokens: int) -> None:
+    """One untimed batched generation and forward/backward pass, so the first arm does not
+    pay one-off costs (lazy initialisation, allocator growth) the later arms are spared."""
+    context = policy.chat_ids([{"role": "user", "content": "Write a plan: model, n_estimators, max_depth."}])
+    completions = policy.generate([context] * batch, max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, seed=0)
+    seqs = [context + list(c) for c in completions]
+    masks = [[0] * len(context) + [1] * len(c) for c in completions]
+    logprobs, _, mask = policy.token_logprobs(seqs, masks)
+    (logprobs * mask).sum().backward()
+    for p in policy.trainable_parameters():
+        p.grad = None
+
+
 def _evaluate(policy: Any, scaffold: Any, tasks: list[str], config: SpeedupConfig, seed: int) -> dict[str, Any]:
     from agents.llm.evaluate import evaluate
 
@@ -253,6 +266,7 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
     scaffold = make_scaffold(config.scaffold)
     num_envs = config.groups_per_step * config.group_size
 
+    _warm_up(policy, num_envs, config.max_new_tokens)
     rows: list[dict[str, Any]] = []
     before: list[dict[str, Any]] = []
     histories: dict[str, list[dict[str, Any]]] = {}
