@@ -104,3 +104,22 @@ def test_stack_weight_engages_only_after_calibration():
     assert any(n == 32 and weight == 2.0 for _, n, weight in seen)
     assert any(weight != 2.0 for _, n, weight in seen if n > 40)
     assert 1.0 <= min(w for *_, w in seen) and max(w for *_, w in seen) <= 4.0
+
+
+@pytest.mark.parametrize("debias,denoise", [(False, False), (False, True), (True, False), (True, True)])
+def test_correction_switches_give_the_four_ablation_settings(debias, denoise):
+    """``debias=False`` keeps raw world-model scores as rewards (the map is still fitted and
+    reported); ``denoise=False`` keeps the weight at exactly 1.0."""
+    env = CalibrationWrapper(
+        AnchorWrapper(WorldModelWrapper(ToySeamEnv(n_actions=64), SyntheticWorldModel(noise=0.05)), fraction=0.25, seed=1),
+        debias=debias,
+        denoise=denoise,
+    )
+    records = list(training_steps(env, range(40), groups=16, size=4, seed=3))
+    late = [r for r in records if r["calibrated"] and r["source"] == "wm"]
+    assert late, "the map never engaged"
+    mapped = [r["calibrated_score"] != r["wm_score"] for r in late]
+    assert any(mapped) if debias else not any(mapped)
+    assert all(r["reward"] == pytest.approx(r["calibrated_score"]) for r in late)
+    weights = {r["anchor_weight"] for r in records}
+    assert (weights != {1.0}) if denoise else (weights == {1.0})

@@ -54,6 +54,10 @@ class CalibrationConfig:
         freeze_after: anchor-group observations before the weight's scale is frozen.
         weight_at_freeze: the anchor weight at the freeze.
         max_weight: upper clip of the anchor weight.
+        debias: apply the isotonic map to world-model scores. With ``False`` the map is
+            still fitted (``calibrated`` reports it) but rewards keep the raw scores.
+        denoise: update the anchor weight. With ``False`` it stays exactly 1.0. The two
+            switches give the ablation's four settings on the same reward stream.
     """
 
     start_pairs: int = 200
@@ -63,6 +67,8 @@ class CalibrationConfig:
     freeze_after: int = 32
     weight_at_freeze: float = 2.0
     max_weight: float = 4.0
+    debias: bool = True
+    denoise: bool = True
 
     def debiaser(self) -> OnlineDebiaser:
         return OnlineDebiaser(self.start_pairs, self.refit_every, self.max_pairs)
@@ -93,7 +99,7 @@ class _CalibrationCore:
     def step(self, info: Mapping[str, Any]) -> dict[str, Any]:
         self.debiaser.add(info.get("anchor_pairs") or ())
         result = info.get("group_result")
-        if result is not None and result["anchor"] and self.debiaser.fitted:
+        if self.config.denoise and result is not None and result["anchor"] and self.debiaser.fitted:
             self.weighter.observe(result["calibrated"], result["true"])
         return self.info()
 
@@ -174,7 +180,8 @@ class CalibrationWrapper(_CalibrationBase, gym.Wrapper):
         super().__init__(env)
         find_wrapper(env, AnchorWrapper, needed_by="CalibrationWrapper")
         self._core = _CalibrationCore(_make_config(config, overrides))
-        find_wrapper(env, WorldModelWrapper, needed_by="CalibrationWrapper").score_transform = self._core.debiaser
+        if self._core.config.debias:
+            find_wrapper(env, WorldModelWrapper, needed_by="CalibrationWrapper").score_transform = self._core.debiaser
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         obs, info = self.env.reset(seed=seed, options=options)
@@ -204,9 +211,10 @@ class VectorCalibrationWrapper(_CalibrationBase, VectorWrapper):
         super().__init__(env)
         find_wrapper(env, VectorAnchorWrapper, needed_by="VectorCalibrationWrapper")
         self._core = _CalibrationCore(_make_config(config, overrides))
-        find_wrapper(env, VectorWorldModelWrapper, needed_by="VectorCalibrationWrapper").score_transform = (
-            self._core.debiaser
-        )
+        if self._core.config.debias:
+            find_wrapper(env, VectorWorldModelWrapper, needed_by="VectorCalibrationWrapper").score_transform = (
+                self._core.debiaser
+            )
         self._steps = VectorSteps(env)
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
