@@ -49,7 +49,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from benchmarks.common import config_to_dict, load_world_model, new_figure, save_figure, summarize_seeds
-from benchmarks.report import machine_summary, markdown_table, write_json
+from benchmarks.report import machine_summary, markdown_table, write_results
 
 __all__ = ["AblationConfig", "CONFIG", "VARIANTS", "run", "simulate", "load_records"]
 
@@ -290,10 +290,7 @@ def run(config: AblationConfig, run_dir: Path, *, progress: bool = True) -> dict
         "per_seed": rows,
     }
     result["plots"] = [str(_plot(config, summary, run_dir / "ablation.png")), str(_plot_curves(config, curves, run_dir / "ablation_curves.png"))]
-    result["markdown"] = tables(result)
-    write_json(run_dir / "results.json", result)
-    (run_dir / "results.md").write_text(result["markdown"] + "\n")
-    return result
+    return write_results(run_dir, result, tables(result))
 
 
 def _pm(row: Mapping[str, Any], key: str, digits: int = 3) -> str | None:

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from benchmarks.ablation import load_records
 from benchmarks.common import config_to_dict, load_world_model, new_figure, save_figure, summarize_seeds
-from benchmarks.report import machine_summary, markdown_table, write_json
+from benchmarks.report import machine_summary, markdown_table, write_results
 from wmrl_envs.world_models import FidelityReport
 
 __all__ = ["FidelityConfig", "CONFIG", "run", "MODELS"]
@@ -143,10 +143,7 @@ def run(config: FidelityConfig, run_dir: Path, *, progress: bool = True) -> dict
         "per_seed": rows,
     }
     result["plot"] = str(_plot(summary, run_dir / "fidelity.png"))
-    result["markdown"] = tables(result)
-    write_json(run_dir / "results.json", result)
-    (run_dir / "results.md").write_text(result["markdown"] + "\n")
-    return result
+    return write_results(run_dir, result, tables(result))
 
 
 def _cell(row: Mapping[str, Any], key: str) -> str | None:

@@ -30,7 +30,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from benchmarks.common import config_to_dict, load_policy, make_vector_env, new_figure, save_figure, summarize_seeds, task_split
-from benchmarks.report import machine_summary, markdown_table, write_json
+from benchmarks.report import machine_summary, markdown_table, write_results
 
 __all__ = ["LeaderboardConfig", "CONFIG", "run", "random_plan", "BUILTIN_AGENTS"]
 
@@ -197,10 +197,7 @@ def run(config: LeaderboardConfig, run_dir: Path, *, progress: bool = True) -> d
         "per_seed": rows,
     }
     result["plot"] = str(_plot(summary, tasks, run_dir / "leaderboard.png"))
-    result["markdown"] = tables(result)
-    write_json(run_dir / "results.json", result)
-    (run_dir / "results.md").write_text(result["markdown"] + "\n")
-    return result
+    return write_results(run_dir, result, tables(result))
 
 
 def _cell(row: Mapping[str, Any], key: str) -> str | None:

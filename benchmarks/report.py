@@ -1,6 +1,6 @@
 """Run directories and result writing shared by every experiment: JSON, Markdown tables, PNG plots.
 
-Functions: :func:`make_run_dir`, :func:`write_json`, :func:`markdown_table`, :func:`mean_spread`.
+Functions: :func:`make_run_dir`, :func:`write_json`, :func:`write_results`, :func:`markdown_table`, :func:`mean_spread`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["make_run_dir", "write_json", "markdown_table", "mean_spread", "machine_summary"]
+__all__ = ["make_run_dir", "write_json", "write_results", "markdown_table", "mean_spread", "machine_summary"]
 
 
 def machine_summary() -> dict[str, Any]:
@@ -40,6 +40,15 @@ def write_json(path: str | Path, payload: Any) -> Path:
     path = Path(path)
     path.write_text(json.dumps(payload, indent=2, default=_json_default) + "\n")
     return path
+
+
+def write_results(run_dir: str | Path, result: dict[str, Any], markdown: str) -> dict[str, Any]:
+    """Finish an experiment: ``result["markdown"] = markdown``, then ``results.json`` and ``results.md``."""
+    run_dir = Path(run_dir)
+    result["markdown"] = markdown
+    write_json(run_dir / "results.json", result)
+    (run_dir / "results.md").write_text(markdown + "\n")
+    return result
 
 
 def _json_default(obj: Any) -> Any:

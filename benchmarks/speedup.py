@@ -48,7 +48,7 @@ from benchmarks.common import (
     summarize_seeds,
     task_split,
 )
-from benchmarks.report import machine_summary, markdown_table, write_json
+from benchmarks.report import machine_summary, markdown_table, write_results
 
 __all__ = ["SpeedupConfig", "CONFIG", "run", "speedup_ratios", "tables", "ARM_METRICS"]
 
@@ -328,10 +328,7 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
     }
     plot = _plot(summary, before_summary, run_dir / "heldout_vs_cost.png")
     result["plot"] = str(plot)
-    result["markdown"] = tables(result)
-    write_json(run_dir / "results.json", result)
-    (run_dir / "results.md").write_text(result["markdown"] + "\n")
-    return result
+    return write_results(run_dir, result, tables(result))
 
 
 def _pm(row: Mapping[str, Any], key: str, digits: int = 3) -> str | None:
