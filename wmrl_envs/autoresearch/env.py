@@ -40,7 +40,7 @@ Functions: :func:`parse_action`. Constant: :data:`INFO_TOPICS`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import gymnasium as gym

@@ -26,9 +26,9 @@ import json
 import statistics
 import textwrap
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 from tqdm import tqdm
 
