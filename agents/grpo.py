@@ -13,6 +13,20 @@ log-probabilities under the current / behaviour / reference policies plus a loss
 * :func:`grpo_loss` — PPO-style clipped policy gradient per token, optional k3 KL to a
   frozen reference, optional entropy bonus, over a mask that keeps only the agent's own
   tokens (observation tokens of multi-turn episodes are masked out).
+
+Names and differences with TRL's ``GRPOTrainer`` where the concept is the same:
+
+* ``beta`` is the KL coefficient, ``epsilon`` / ``epsilon_high`` the lower / upper clip range
+  (``epsilon_high=None`` = ``epsilon``; DAPO's clip-higher uses e.g. 0.28), as in TRL.
+* The group standard deviation is the *population* one (divide by n); TRL's
+  ``scale_rewards="group"`` uses ``torch.std``, the *sample* one (divide by n - 1), so for a
+  group of n its advantages are ``sqrt((n - 1) / n)`` times ours (0.87x for n = 4): a
+  constant factor per group size, i.e. a learning-rate rescaling, not a different direction.
+* "Dr.GRPO" here means only the advantage part of Dr.GRPO: ``scale_by_std=False`` centres
+  without dividing by the std (TRL: ``scale_rewards="none"``). Dr.GRPO's other change, the
+  loss normalised by a constant (TRL's ``loss_type="dr_grpo"``: batch x max completion
+  length), is not implemented; ``"token-mean"`` divides by the batch's actual number of
+  action tokens (TRL's ``"dapo"`` / ``"bnpo"``), ``"seq-mean-token-mean"`` is TRL's ``"grpo"``.
 * :func:`concat_segments` — build one multi-turn sequence and its loss mask from
   ``(tokens, is_action)`` segments.
 
@@ -201,18 +215,18 @@ def grpo_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    clip_eps: float = 0.2,
-    clip_eps_high: float | None = None,
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
     ref_logprobs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
+    beta: float = 0.0,
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
     aggregation: Literal["token-mean", "seq-mean-token-mean"] = "token-mean",
 ) -> LossOutput:
     """Clipped policy-gradient loss per token, plus optional KL and entropy terms.
 
-    ``loss = agg(-min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A)
-    + kl_coef * KL_k3(pi || ref) - entropy_coef * H)`` over tokens where ``mask`` is 1.
+    ``loss = agg(-min(ratio * A, clip(ratio, 1 - epsilon, 1 + epsilon_high) * A)
+    + beta * KL_k3(pi || ref) - entropy_coef * H)`` over tokens where ``mask`` is 1.
 
     Args:
         logprobs: ``(B, T)`` log-probabilities of the taken tokens under the current policy
@@ -221,10 +235,11 @@ def grpo_loss(
         advantages: ``(B,)`` one advantage per sequence (rows without one should be
             dropped by the caller or given mask 0).
         mask: ``(B, T)`` 1 for the agent's own tokens, 0 for prompt / observation / padding.
-        clip_eps: lower clip range; ``clip_eps_high`` the upper one (defaults to ``clip_eps``;
-            DAPO's clip-higher uses a larger value).
-        ref_logprobs: ``(B, T)`` under a frozen reference; required when ``kl_coef > 0``.
-        kl_coef: weight of the k3 estimator ``exp(ref - lp) - (ref - lp) - 1`` (>= 0, unbiased).
+        epsilon: lower clip range; ``epsilon_high`` the upper one (defaults to ``epsilon``;
+            DAPO's clip-higher uses a larger value). Named as in TRL.
+        ref_logprobs: ``(B, T)`` under a frozen reference; required when ``beta > 0``.
+        beta: weight of the k3 KL estimator ``exp(ref - lp) - (ref - lp) - 1`` (>= 0,
+            unbiased); TRL's name for the KL coefficient.
         entropy: ``(B, T)`` per-token entropy of the current policy; required when
             ``entropy_coef > 0``.
         entropy_coef: weight of the entropy bonus.
@@ -232,7 +247,10 @@ def grpo_loss(
 
     Returns:
         :class:`LossOutput` with metrics ``pg_loss``, ``kl``, ``entropy``, ``clip_frac``,
-        ``ratio_mean``, ``tokens``.
+        ``ratio_mean``, ``tokens``. ``clip_frac`` is the share of action tokens whose loss the
+        ``min`` actually took from the clipped term (ratio beyond ``1 + epsilon_high`` with a
+        positive advantage, or below ``1 - epsilon`` with a negative one): those tokens carry
+        no gradient. A ratio outside the range on the other side is not clipped by the ``min``.
     """
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be (B, T), got shape {tuple(logprobs.shape)}")
@@ -243,21 +261,24 @@ def grpo_loss(
         raise ValueError(f"advantages must have shape ({logprobs.shape[0]},), got {tuple(advantages.shape)}")
     if aggregation not in LOSS_AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {LOSS_AGGREGATIONS}, got {aggregation!r}")
-    if kl_coef < 0 or entropy_coef < 0 or clip_eps <= 0:
-        raise ValueError(f"need kl_coef >= 0, entropy_coef >= 0, clip_eps > 0; got {kl_coef}, {entropy_coef}, {clip_eps}")
-    if kl_coef > 0 and ref_logprobs is None:
-        raise ValueError("kl_coef > 0 needs ref_logprobs")
+    if beta < 0 or entropy_coef < 0 or epsilon <= 0 or (epsilon_high is not None and epsilon_high <= 0):
+        raise ValueError(
+            f"need beta >= 0, entropy_coef >= 0, epsilon > 0, epsilon_high > 0 or None; "
+            f"got {beta}, {entropy_coef}, {epsilon}, {epsilon_high}"
+        )
+    if beta > 0 and ref_logprobs is None:
+        raise ValueError("beta > 0 needs ref_logprobs")
     if entropy_coef > 0 and entropy is None:
         raise ValueError("entropy_coef > 0 needs entropy")
 
     mask = mask.to(logprobs.dtype)
-    high = clip_eps if clip_eps_high is None else clip_eps_high
+    high = epsilon if epsilon_high is None else epsilon_high
     adv = advantages.to(logprobs.dtype).unsqueeze(1)
     # Masked positions may hold padding garbage: zero the log-ratio there so exp() stays finite.
     log_ratio = (logprobs - old_logprobs.detach()) * mask
     ratio = torch.exp(log_ratio)
     unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high) * adv
+    clipped = torch.clamp(ratio, 1.0 - epsilon, 1.0 + high) * adv
     pg = -torch.minimum(unclipped, clipped)
     pg_loss = _aggregate(pg, mask, aggregation)
     loss = pg_loss
@@ -266,8 +287,8 @@ def grpo_loss(
     if ref_logprobs is not None:
         delta = (ref_logprobs.detach() - logprobs) * mask
         kl = _aggregate(torch.exp(delta) - delta - 1.0, mask, aggregation)
-        if kl_coef > 0:
-            loss = loss + kl_coef * kl
+        if beta > 0:
+            loss = loss + beta * kl
         metrics["kl"] = float(kl.detach())
     if entropy is not None:
         ent = _aggregate(entropy, mask, aggregation)
@@ -276,7 +297,8 @@ def grpo_loss(
         metrics["entropy"] = float(ent.detach())
     with torch.no_grad():
         tokens = mask.sum().clamp(min=1.0)
-        was_clipped = ((unclipped - clipped).abs() > 0).to(mask.dtype) * mask
+        # The min picks the clipped term exactly where it is smaller (ties carry the same value).
+        was_clipped = (clipped < unclipped).to(mask.dtype) * mask
         metrics["clip_frac"] = float(was_clipped.sum() / tokens)
         metrics["ratio_mean"] = float((ratio * mask).sum() / tokens)
         metrics["tokens"] = float(mask.sum())

@@ -151,3 +151,26 @@ def test_stack_debiases_every_world_model_reward():
     before, after = np.mean(errors[False]), np.mean(errors[True])
     assert len(errors[False]) >= 100 and len(errors[True]) >= 100
     assert 1.0 - after / before >= 0.9, (before, after)
+
+
+def test_pairs_with_one_distinct_world_model_score_keep_the_identity_map():
+    """An isotonic fit on a single distinct x is a constant: it would map every score to the
+    mean true score. Such a fit is refused (the map stays the identity) and stays due."""
+    d = OnlineDebiaser(start_pairs=3, refit_every=1)
+    assert d.add([(0.5, 0.1), (0.5, 0.9), (0.5, 0.4)]) is False
+    assert not d.fitted and d.due and d.n_fits == 0
+    probe = [0.1, 0.5, 0.8]
+    assert d.transform(probe) == probe
+    assert d.add([(0.7, 0.95)]) is True and d.fitted  # a second distinct score: the fit happens
+    low, high = d.transform([0.5, 0.7])
+    assert low == pytest.approx(np.mean([0.1, 0.9, 0.4])) and high == pytest.approx(0.95)
+
+
+def test_deferred_refit_waits_for_refit_if_due():
+    d = OnlineDebiaser(start_pairs=4, refit_every=2)
+    wm, r = synthetic_pairs(np.random.default_rng(3), 8, 0.01)
+    assert d.add(list(zip(wm[:6], r[:6])), refit=False) is False
+    assert d.due and not d.fitted and d.transform([0.4]) == [0.4]
+    assert d.refit_if_due() is True and d.fitted and not d.due and d.refit_if_due() is False
+    d.add(list(zip(wm[6:], r[6:])), refit=False)
+    assert d.due and d.n_fits == 1

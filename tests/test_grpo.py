@@ -102,20 +102,37 @@ def test_seq_mean_token_mean_aggregation_and_empty_rows():
 def test_clipping_stops_gradient_beyond_trust_region():
     lp = torch.tensor([[0.0, 0.0]], dtype=torch.float64, requires_grad=True)
     old = _lp([[-1.0, 0.0]])  # ratio e ~ 2.72 on token 0, 1.0 on token 1
-    out = grpo_loss(lp, old, _lp([1.0]), _lp([[1, 1]]), clip_eps=0.2)
+    out = grpo_loss(lp, old, _lp([1.0]), _lp([[1, 1]]), epsilon=0.2)
     out.loss.backward()
     assert lp.grad[0, 0] == 0 and lp.grad[0, 1] != 0
     assert out.metrics["clip_frac"] == pytest.approx(0.5)
     # A negative advantage with ratio > 1 + eps is not clipped (pessimistic bound).
     lp.grad = None
-    grpo_loss(lp, old, _lp([-1.0]), _lp([[1, 1]]), clip_eps=0.2).loss.backward()
+    grpo_loss(lp, old, _lp([-1.0]), _lp([[1, 1]]), epsilon=0.2).loss.backward()
     assert lp.grad[0, 0] != 0
+
+
+def test_clip_frac_counts_only_the_clips_the_min_applies():
+    """Ratios outside the range on the side the min ignores (ratio > 1 + eps with A < 0, ratio
+    < 1 - eps with A > 0) are not clipped: they keep their gradient and do not count."""
+    lp = torch.tensor([[0.0, 0.0, 0.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    old = _lp([[-1.0, 1.0, 0.0, -0.1]])  # ratios e ~ 2.72, 1/e ~ 0.37, 1.0, 1.105 (inside)
+    mask = _lp([[1, 1, 1, 1]])
+    pos = grpo_loss(lp, old, _lp([1.0]), mask, epsilon=0.2)
+    pos.loss.backward()
+    assert [g != 0 for g in lp.grad[0].tolist()] == [False, True, True, True]
+    assert pos.metrics["clip_frac"] == pytest.approx(0.25)  # only token 0 (the old code counted 2 of 4)
+    lp.grad = None
+    neg = grpo_loss(lp, old, _lp([-1.0]), mask, epsilon=0.2)
+    neg.loss.backward()
+    assert [g != 0 for g in lp.grad[0].tolist()] == [True, False, True, True]
+    assert neg.metrics["clip_frac"] == pytest.approx(0.25)  # only token 1
 
 
 def test_clip_higher_widens_upper_bound():
     lp = torch.tensor([[0.0]], dtype=torch.float64, requires_grad=True)
     old = _lp([[-0.25]])  # ratio 1.28
-    grpo_loss(lp, old, _lp([1.0]), _lp([[1]]), clip_eps=0.2, clip_eps_high=0.3).loss.backward()
+    grpo_loss(lp, old, _lp([1.0]), _lp([[1]]), epsilon=0.2, epsilon_high=0.3).loss.backward()
     assert lp.grad[0, 0] != 0
 
 
@@ -123,9 +140,9 @@ def test_kl_term_zero_at_reference_and_positive_away_from_it():
     lp = _lp([[-1.0, -2.0]])
     mask = _lp([[1, 1]])
     zero_adv = _lp([0.0])
-    at_ref = grpo_loss(lp, lp, zero_adv, mask, ref_logprobs=lp, kl_coef=0.1)
+    at_ref = grpo_loss(lp, lp, zero_adv, mask, ref_logprobs=lp, beta=0.1)
     assert at_ref.metrics["kl"] == pytest.approx(0.0) and float(at_ref.loss.detach()) == pytest.approx(0.0)
-    away = grpo_loss(lp, lp, zero_adv, mask, ref_logprobs=_lp([[-0.5, -2.5]]), kl_coef=0.1)
+    away = grpo_loss(lp, lp, zero_adv, mask, ref_logprobs=_lp([[-0.5, -2.5]]), beta=0.1)
     k3 = lambda d: math.exp(d) - d - 1  # noqa: E731
     expected = (k3(0.5) + k3(-0.5)) / 2
     assert away.metrics["kl"] == pytest.approx(expected)
@@ -155,6 +172,6 @@ def test_loss_rejects_mismatched_shapes_and_missing_terms():
     with pytest.raises(ValueError, match="advantages must have shape"):
         grpo_loss(lp, lp, _lp([1.0, 2.0]), _lp([[1, 1]]))
     with pytest.raises(ValueError, match="needs ref_logprobs"):
-        grpo_loss(lp, lp, _lp([1.0]), _lp([[1, 1]]), kl_coef=0.1)
+        grpo_loss(lp, lp, _lp([1.0]), _lp([[1, 1]]), beta=0.1)
     with pytest.raises(ValueError, match="aggregation"):
         grpo_loss(lp, lp, _lp([1.0]), _lp([[1, 1]]), aggregation="sum")

@@ -8,6 +8,17 @@ fitted map is stored as its breakpoints and applied by linear interpolation with
 ends, which is exactly what ``IsotonicRegression.predict`` computes; this keeps the
 state JSON-serialisable and the map bit-identical after a resume.
 
+A map needs at least two distinct world-model scores: fitted on pairs that all share one
+``wm_score``, an isotonic regression is a constant (every score would be mapped to the mean
+true score, erasing all ranking). Such a fit is refused and the current map (the identity
+before the first fit) is kept; the fit stays due and happens once a second distinct score
+has arrived.
+
+:meth:`OnlineDebiaser.add` refits as soon as a fit is due. A caller that must not change the
+map at an arbitrary moment (the calibration wrappers: every member of a GRPO group has to be
+calibrated by the same map) passes ``refit=False`` and calls :meth:`OnlineDebiaser.refit_if_due`
+at its step boundaries.
+
 Classes: :class:`OnlineDebiaser`.
 """
 
@@ -71,8 +82,17 @@ class OnlineDebiaser:
         """The pairs currently kept, oldest first."""
         return list(self._pairs)
 
-    def add(self, pairs: Iterable[Sequence[float | None]]) -> bool:
-        """Add ``(wm_score, true_score)`` pairs; refit when due. Returns True if it refitted."""
+    @property
+    def due(self) -> bool:
+        """True when a fit is due: ``start_pairs`` pairs before the first fit, then
+        ``refit_every`` new pairs since the last one."""
+        if self.fitted:
+            return self._since_fit >= self.refit_every
+        return len(self._pairs) >= self.start_pairs
+
+    def add(self, pairs: Iterable[Sequence[float | None]], *, refit: bool = True) -> bool:
+        """Add ``(wm_score, true_score)`` pairs. With ``refit=True`` (default) refit when due;
+        ``refit=False`` only stores them (see :meth:`refit_if_due`). Returns True if it refitted."""
         for pair in pairs:
             if len(pair) != 2:
                 raise ValueError(f"a pair is (wm_score, true_score), got {pair!r}")
@@ -86,24 +106,27 @@ class OnlineDebiaser:
             self._pairs.append((float(wm), float(true)))
             self.n_seen += 1
             self._since_fit += 1
-        due = (self.fitted and self._since_fit >= self.refit_every) or (
-            not self.fitted and len(self._pairs) >= self.start_pairs
-        )
-        if due:
-            self.refit()
-        return due
+        return self.refit_if_due() if refit else False
 
-    def refit(self) -> None:
-        """Fit the map on the kept pairs now."""
+    def refit_if_due(self) -> bool:
+        """Refit if a fit is :attr:`due`; returns True if the map was refitted."""
+        return self.refit() if self.due else False
+
+    def refit(self) -> bool:
+        """Fit the map on the kept pairs now. Returns False (map unchanged) when the pairs
+        hold fewer than two distinct world-model scores (see the module docstring)."""
         if not self._pairs:
             raise ValueError("OnlineDebiaser.refit: no pairs to fit")
         data = np.asarray(self._pairs, dtype=float)
+        if np.unique(data[:, 0]).size < 2:
+            return False
         iso = IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, out_of_bounds="clip")
         iso.fit(data[:, 0], data[:, 1])
         self._x = np.asarray(iso.X_thresholds_, dtype=float)
         self._y = np.asarray(iso.y_thresholds_, dtype=float)
         self.n_fits += 1
         self._since_fit = 0
+        return True
 
     def transform(self, scores: Sequence[float | None]) -> list[float | None]:
         """Calibrated scores (identity before the first fit; ``None`` stays ``None``)."""

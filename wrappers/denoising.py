@@ -8,7 +8,10 @@ between calibrated world-model scores ``w`` and true scores ``t`` of its members
 i.e. the residual variance of the calibrated world model that survives GRPO's
 within-group centring, relative to the signal (the true scores' within-group variance).
 Members with a ``None`` on either side are left out; a group with fewer than two known
-members, or with ``var(t) == 0`` (degenerate: no signal to compare against), is skipped.
+members, or whose true scores are equal up to rounding (degenerate: no signal to compare
+against; ``std(t) <= DEGENERATE_STD``, i.e. ``var(t) <= 1e-12``), is skipped. The tolerance
+matters: a group like ``[.5, .5, .5, .5 + 1e-9]`` has ``var(t) ~ 2e-19``, and dividing by it
+would turn any world-model disagreement into a huge ``d`` that pins the weight at its clip.
 An EMA with half-life ``half_life`` (in observed groups) tracks ``d``. After
 ``freeze_after`` observations the scale constant ``c`` is frozen so that the weight is
 exactly ``weight_at_freeze`` then; afterwards
@@ -19,7 +22,7 @@ which is the paper's rule rho = 1 + eta^2 / eta^2_cal. Before the freeze the wei
 exactly 1.0. If the EMA is exactly 0 at ``freeze_after`` (a perfect world model), the
 freeze waits for the first non-zero EMA.
 
-Classes: :class:`InverseVarianceWeighter`.
+Classes: :class:`InverseVarianceWeighter`. Constant: :data:`DEGENERATE_STD`.
 """
 
 from __future__ import annotations
@@ -28,9 +31,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["InverseVarianceWeighter"]
+__all__ = ["InverseVarianceWeighter", "DEGENERATE_STD"]
 
 _STATE_VERSION = 1
+
+#: Groups whose true scores have a (population) standard deviation at or below this are
+#: degenerate (the same tolerance as the ``eps`` of :func:`agents.grpo.group_advantages`).
+DEGENERATE_STD = 1e-6
 
 
 class InverseVarianceWeighter:
@@ -46,6 +53,8 @@ class InverseVarianceWeighter:
     >>> w.observe([0.1, 0.5, 0.9], [0.0, 0.5, 1.0]), w.weight
     (True, 1.0)
     >>> w.observe([0.3, 0.3], [0.2, 0.2])  # degenerate: no within-group signal
+    False
+    >>> w.observe([0.1, 0.9, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5 + 1e-9])  # equal up to rounding: degenerate too
     False
     >>> w.observe([0.1, 0.5, 0.9], [0.0, 0.5, 1.0]), w.weight
     (True, 2.0)
@@ -108,9 +117,9 @@ class InverseVarianceWeighter:
             return None
         arr = np.asarray(known, dtype=float)
         w, t = arr[:, 0], arr[:, 1]
-        if np.all(t == t[0]):  # degenerate (np.var of equal floats may be ~1e-33, not 0)
-            return None
         var_t = float(np.var(t))
+        if var_t <= DEGENERATE_STD**2:  # degenerate: equal up to rounding, no signal to compare against
+            return None
         resid = (w - w.mean()) - (t - t.mean())
         return float(np.mean(resid**2) / var_t)
 
