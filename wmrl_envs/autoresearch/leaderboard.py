@@ -17,7 +17,7 @@ scikit-learn 1.2), so they avoid newer APIs.
 
 Classes: :class:`PoolSolution`, :class:`LeaderboardConfig`. Functions:
 :func:`reference_pool`, :func:`build_leaderboards`, :func:`load_leaderboard`,
-:func:`logs_root`.
+:func:`logs_root`, :func:`refresh_log_contexts`.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ __all__ = [
     "build_leaderboards",
     "load_leaderboard",
     "logs_root",
+    "refresh_log_contexts",
 ]
 
 _DATA_DIR = Path(__file__).parent / "data"
@@ -70,8 +71,13 @@ class LeaderboardConfig:
 
     Attributes:
         max_concurrent: sandbox runs in flight at once.
-        wall_seconds: time budget of one reference run (they take 1-3 s; the cap only
-            catches a pathological run).
+        wall_seconds: time budget (wall and CPU) of one reference run; ``None`` (default):
+            the task's own limit (:meth:`~wmrl_envs.autoresearch.tasks.Task.run_limits`:
+            60 s for small-tier tasks, 120 s for full-tier ones). Runs that exceed it are
+            logged as ``timeout`` and stay out of the leaderboard.
+        memory_bytes: memory cap of one reference run; ``None`` (default): the task's own
+            (2 GiB). Runs that hit it are logged as ``runtime_error`` (``exec_status``
+            ``killed_memory``) and stay out of the leaderboard.
         timeout_probe_seconds: time budget of the deliberate timeout script.
         size: ``"full"`` (every template, >= 30 reference solutions) or ``"small"`` (a
             cheaper pool of ~12 for on-demand procedural / BYO tasks).
@@ -81,7 +87,8 @@ class LeaderboardConfig:
     """
 
     max_concurrent: int = 2
-    wall_seconds: float = 60.0
+    wall_seconds: float | None = None
+    memory_bytes: int | None = None
     timeout_probe_seconds: float = 3.0
     size: str = "full"
     broken: bool = True
@@ -294,6 +301,16 @@ def reference_pool(task: str | Task, *, size: str = "full", broken: bool = True)
     return pool + (_broken(task) if broken else [])
 
 
+def _run_limits(task: Task, config: LeaderboardConfig) -> dict[str, Any]:
+    """The task's per-run limits, with the config's overrides (``None`` = the task's own)."""
+    lim = task.run_limits()
+    if config.wall_seconds is not None:
+        lim["wall_seconds"] = float(config.wall_seconds)
+    if config.memory_bytes is not None:
+        lim["memory_bytes"] = int(config.memory_bytes)
+    return lim
+
+
 def load_leaderboard(task: str | Task) -> list[float] | None:
     """The task's leaderboard scores, or ``None`` if it has not been built."""
     path = get_task(task).private_dir / "leaderboard.json"
@@ -302,15 +319,34 @@ def load_leaderboard(task: str | Task) -> list[float] | None:
     return [e["score"] for e in json.loads(path.read_text())["entries"]]
 
 
-def _log_line(task: Task, sol: PoolSolution, outcome: Outcome | None) -> dict[str, Any]:
+def _log_line(task: Task, sol: PoolSolution, outcome: Outcome | None, limits: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "task_id": task.task_id,
         "solution_id": sol.solution_id,
         "code": sol.code,
-        "context": grading_context(task),
+        "context": grading_context(task, limits=limits),
         "outcome": None if outcome is None else outcome.to_dict(),
         "origin": "leaderboard-pool",
     }
+
+
+def refresh_log_contexts(tasks: Iterable[str | Task], logs_dir: str | Path | None = None) -> dict[str, int]:
+    """Rewrite the ``context`` of every line of each task's pool log from the task's current
+    public metadata (e.g. after new meta-features were added to ``task.json``); code,
+    outcome and everything else stay as executed. A line's recorded ``context["limits"]``
+    is kept; lines written before limits were recorded get the task's own limits (what
+    the builder used). Returns the number of lines rewritten per task.
+    """
+    out = Path(logs_dir) if logs_dir else logs_root()
+    counts: dict[str, int] = {}
+    for task in (get_task(t) for t in tasks):
+        path = out / f"{task.task_id}.jsonl"
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for rec in lines:
+            rec["context"] = grading_context(task, limits=rec.get("context", {}).get("limits"))
+        path.write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+        counts[task.task_id] = len(lines)
+    return counts
 
 
 def _first_outcome(task: Task, sol: PoolSolution, result: Any, answers: Any) -> Outcome | None:
@@ -333,7 +369,9 @@ def build_leaderboards(tasks: Iterable[str | Task], executor: Any = None, config
     config = config or LeaderboardConfig()
     executor = executor or default_executor()
     tasks = [get_task(t) for t in tasks]
-    ref_limits = Limits(wall_seconds=config.wall_seconds, cpu_seconds=config.wall_seconds)
+    run_limits = {t.task_id: _run_limits(t, config) for t in tasks}
+    ref_limits = {tid: Limits(wall_seconds=lim["wall_seconds"], cpu_seconds=lim["wall_seconds"], memory_bytes=lim["memory_bytes"])
+                  for tid, lim in run_limits.items()}
     probe_limits = Limits(wall_seconds=config.timeout_probe_seconds, cpu_seconds=config.timeout_probe_seconds)
     plan: list[tuple[Task, PoolSolution]] = []
     for task in tasks:
@@ -341,7 +379,7 @@ def build_leaderboards(tasks: Iterable[str | Task], executor: Any = None, config
             plan.append((task, sol))
     # Syntax errors never reach the sandbox (same rule as the env).
     runnable = [(t, s) for t, s in plan if check_syntax(s.code) is None]
-    jobs = [Job(s.code, t.inputs(), (SUBMISSION_FILE,), probe_limits if s.timeout_probe else ref_limits)
+    jobs = [Job(s.code, t.inputs(), (SUBMISSION_FILE,), probe_limits if s.timeout_probe else ref_limits[t.task_id])
             for t, s in runnable]
     start = time.perf_counter()
     with ExecutorPool(executor, max_concurrent=config.max_concurrent, progress=True) as pool:
@@ -375,17 +413,25 @@ def build_leaderboards(tasks: Iterable[str | Task], executor: Any = None, config
             key = "unknown" if o is None else o.status
             statuses[key] = statuses.get(key, 0) + 1
         times = [e["wall_seconds"] for e in entries]
+        exec_statuses: dict[str, int] = {}
+        for s in sols:
+            r = results.get((task.task_id, s.solution_id))
+            if s.reference and r is not None:
+                exec_statuses[r.status] = exec_statuses.get(r.status, 0) + 1
         summary[task.task_id] = {
             "n_reference": sum(s.reference for s in sols),
             "n_valid": len(entries),
             "median_seconds": round(statistics.median(times), 2) if times else None,
+            "max_seconds": round(max(times), 2) if times else None,
+            "limits": run_limits[task.task_id],
             "statuses": statuses,
+            "reference_exec_statuses": exec_statuses,
         }
         if config.write_logs:
             out = Path(config.logs_dir) if config.logs_dir else logs_root()
             out.mkdir(parents=True, exist_ok=True)
             with open(out / f"{task.task_id}.jsonl", "w") as f:
                 for s in sols:
-                    f.write(json.dumps(_log_line(task, s, final[s.solution_id])) + "\n")
+                    f.write(json.dumps(_log_line(task, s, final[s.solution_id], run_limits[task.task_id])) + "\n")
     summary["_total"] = {"wall_seconds": round(elapsed, 1), "runs": len(jobs)}
     return summary

@@ -1,8 +1,10 @@
 """Gymnasium ids of the AutoResearch suite (called by ``wmrl_envs`` on import).
 
 * ``wmrl/AutoResearch-v0`` -- samples a catalog task per episode; ``split="train"`` (default)
-  or ``"test"``; any :class:`~wmrl_envs.autoresearch.env.AutoResearchEnv` keyword works.
-* ``wmrl/AutoResearch-<task>-v0`` -- one id per shipped catalog task.
+  or ``"test"``, ``tier="small"`` (default, the 2,500-row catalog) or ``"full"`` (full-size
+  tables); any :class:`~wmrl_envs.autoresearch.env.AutoResearchEnv` keyword works.
+* ``wmrl/AutoResearch-<task>-v0`` -- one id per shipped catalog task, of either tier
+  (e.g. ``wmrl/AutoResearch-flights_late-v0``).
 
 Registration only lists the shipped task directories (no pandas import), so
 ``import wmrl_envs`` stays cheap.
@@ -23,7 +25,7 @@ _TASKS = Path(__file__).parent / "data" / "tasks"
 
 
 def catalog_ids() -> list[str]:
-    """Ids of the shipped catalog tasks."""
+    """Ids of the shipped catalog tasks (both tiers)."""
     return sorted(p.name for p in _TASKS.iterdir() if (p / "task.json").is_file()) if _TASKS.is_dir() else []
 
 

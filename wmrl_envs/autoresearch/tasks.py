@@ -13,8 +13,17 @@ A task is a directory::
 Catalog tasks, procedural tasks and bring-your-own tasks are all written by
 :func:`write_task`, so every consumer reads one format.
 
+Catalog tasks come in two **tiers** (``task.json`` field ``tier``): ``"small"`` (tables
+capped at 2,500 rows; reference solutions run in 1-3 s) and ``"full"`` (full-size tables of
+>= 20,000 rows; reference solutions run in 5-60 s and some run out of memory or time).
+Each task may carry its own resource ``limits`` (``{"wall_seconds", "memory_bytes"}``) --
+what one solution run gets by default in the env, the leaderboard builder and evaluation;
+:meth:`Task.run_limits` falls back to :data:`DEFAULT_WALL_SECONDS` /
+:data:`DEFAULT_MEMORY_BYTES` when a task has none.
+
 Classes: :class:`Task`. Functions: :func:`write_task`, :func:`load_task`,
-:func:`catalog_root`, :func:`list_catalog`, :func:`get_task`.
+:func:`catalog_root`, :func:`list_catalog`, :func:`get_task`. Constants: :data:`TIERS`,
+:data:`DEFAULT_WALL_SECONDS`, :data:`DEFAULT_MEMORY_BYTES`.
 """
 
 from __future__ import annotations
@@ -40,12 +49,20 @@ __all__ = [
     "catalog_root",
     "list_catalog",
     "get_task",
+    "TIERS",
+    "DEFAULT_WALL_SECONDS",
+    "DEFAULT_MEMORY_BYTES",
 ]
 
 TASK_TYPES = ("binary", "multiclass", "regression")
 #: label: one column of class labels; proba_positive: one column with P(positive class);
 #: proba_classes: one probability column per class; value: one numeric column.
 SUBMISSION_FORMATS = ("label", "proba_positive", "proba_classes", "value")
+#: Catalog tiers: "small" (<= 2,500 rows per table) and "full" (full-size tables, >= 20,000 rows).
+TIERS = ("small", "full")
+#: Limits of one solution run for a task without its own ``limits`` (procedural, BYO tasks).
+DEFAULT_WALL_SECONDS = 60.0
+DEFAULT_MEMORY_BYTES = 2 << 30
 
 _DATA_DIR = Path(__file__).parent / "data"
 
@@ -73,10 +90,16 @@ class Task:
         source, licence: provenance of the data.
         origin: ``catalog`` / ``procedural`` / ``byo``.
         split: catalog split (``train`` / ``test``) or ``None`` outside the catalog.
+        tier: catalog tier (``small`` / ``full``, see :data:`TIERS`) or ``None`` outside the catalog.
+        limits: the task's own limits of one solution run, ``{"wall_seconds": float,
+            "memory_bytes": int}`` (wall and CPU budget; memory cap), or ``None`` for the
+            defaults. See :meth:`run_limits`.
         dropped_columns: columns removed when the task was built (leaks, ids) and why.
         stats: meta-features computed from the data at build time (n_train, n_test,
             n_cols, n_numeric, n_categorical, missing_fraction, max_cardinality,
-            n_classes, minority_fraction).
+            onehot_width, n_classes, minority_fraction). ``onehot_width`` is the number of
+            feature columns after one-hot encoding every categorical column (numeric columns
+            + the sum of the categorical cardinalities in ``train.csv``).
         root: the task directory.
     """
 
@@ -95,6 +118,8 @@ class Task:
     split: str | None = None
     dropped_columns: dict[str, str] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
+    tier: str | None = None
+    limits: dict[str, Any] | None = None
     root: Path = Path(".")
 
     @property
@@ -115,6 +140,17 @@ class Task:
     @property
     def positive_class(self) -> str | None:
         return self.classes[1] if self.task_type == "binary" else None
+
+    def run_limits(self) -> dict[str, Any]:
+        """Limits of one solution run: ``{"wall_seconds": float, "memory_bytes": int}``.
+
+        The task's own ``limits`` where set, else :data:`DEFAULT_WALL_SECONDS` /
+        :data:`DEFAULT_MEMORY_BYTES`. The env, the leaderboard builder and evaluation use
+        these unless their config overrides them.
+        """
+        own = dict(self.limits or {})
+        return {"wall_seconds": float(own.get("wall_seconds", DEFAULT_WALL_SECONDS)),
+                "memory_bytes": int(own.get("memory_bytes", DEFAULT_MEMORY_BYTES))}
 
     def inputs(self) -> dict[str, Path]:
         """Executor ``inputs``: the public files at ``data/<name>`` (never ``private/``)."""
@@ -192,16 +228,22 @@ def load_task(path: str | Path) -> Task:
         raise FileNotFoundError(f"{root} is not an AutoResearch task directory: {meta_path} is missing")
     d = json.loads(meta_path.read_text())
     d["classes"] = tuple(d["classes"]) if d.get("classes") is not None else None
+    if d.get("tier") is None and d.get("origin") == "catalog":
+        d["tier"] = "small"  # catalog tasks written before tiers existed
     return Task(root=root, **d)
 
 
-def list_catalog(split: str | None = None) -> list[str]:
-    """Ids of the shipped catalog tasks, optionally only those of catalog ``split``."""
+def list_catalog(split: str | None = None, tier: str | None = "small") -> list[str]:
+    """Ids of the shipped catalog tasks of ``tier`` (default ``"small"``; ``None``: every
+    tier), optionally only those of catalog ``split`` (``"train"`` / ``"test"``)."""
     if split not in (None, "train", "test"):
         raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
+    if tier not in (None, *TIERS):
+        raise ValueError(f"tier must be one of {TIERS} or None (every tier), got {tier!r}")
     root = catalog_root()
     ids = sorted(p.name for p in root.iterdir() if (p / "task.json").is_file()) if root.is_dir() else []
-    return [t for t in ids if split is None or load_task(root / t).split == split]
+    tasks = [load_task(root / t) for t in ids]
+    return [t.task_id for t in tasks if (split is None or t.split == split) and (tier is None or t.tier == tier)]
 
 
 def get_task(task: str | Path | Task) -> Task:
@@ -213,7 +255,7 @@ def get_task(task: str | Path | Task) -> Task:
         return load_task(path.resolve())
     if (catalog_root() / str(task) / "task.json").is_file():
         return load_task(catalog_root() / str(task))
-    raise ValueError(f"unknown task {task!r}: not a catalog id ({', '.join(list_catalog()) or 'catalog not built'}) nor a task directory")
+    raise ValueError(f"unknown task {task!r}: not a catalog id ({', '.join(list_catalog(tier=None)) or 'catalog not built'}) nor a task directory")
 
 
 def _stats(train: pd.DataFrame, test: pd.DataFrame, target: str, id_column: str, classes: Sequence[str] | None) -> dict[str, Any]:
@@ -227,6 +269,7 @@ def _stats(train: pd.DataFrame, test: pd.DataFrame, target: str, id_column: str,
         "n_categorical": len(categorical),
         "missing_fraction": round(float(features.isna().to_numpy().mean()), 4) if features.size else 0.0,
         "max_cardinality": int(max((features[c].nunique() for c in categorical), default=0)),
+        "onehot_width": int(features.shape[1] - len(categorical) + sum(features[c].nunique() for c in categorical)),
         "n_classes": len(classes) if classes is not None else None,
         "minority_fraction": None,
     }
@@ -281,14 +324,24 @@ def write_task(
     split: str | None = None,
     dropped_columns: dict[str, str] | None = None,
     positive_class: Any = None,
+    tier: str | None = None,
+    limits: dict[str, Any] | None = None,
 ) -> Task:
     """Write a task directory under ``root/task_id`` and return the loaded :class:`Task`.
 
     ``train`` and ``test`` both hold features and the target (and ``id_column`` if
     present; otherwise ids are assigned). The test target goes to ``private/answers.csv``
     only. Class labels are written as strings; for binary tasks ``positive_class`` (default:
-    the minority class) becomes ``classes[1]``.
+    the minority class) becomes ``classes[1]``. ``tier`` and ``limits``: see :class:`Task`.
     """
+    if tier not in (None, *TIERS):
+        raise ValueError(f"tier must be one of {TIERS} or None, got {tier!r}")
+    if limits is not None:
+        if set(limits) - {"wall_seconds", "memory_bytes"}:
+            raise ValueError(f"limits may hold 'wall_seconds' and 'memory_bytes' only, got {sorted(limits)}")
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in limits.values()):
+            raise ValueError(f"limits must be positive numbers, got {limits}")
+        limits = {k: (int(v) if k == "memory_bytes" else float(v)) for k, v in limits.items()}
     if task_type not in TASK_TYPES:
         raise ValueError(f"task_type must be one of {TASK_TYPES}, got {task_type!r}")
     if metric not in METRICS_FOR_TYPE[task_type]:
@@ -346,6 +399,8 @@ def write_task(
         split=split,
         dropped_columns=dict(dropped_columns or {}),
         stats=_stats(train, test, target, id_column, classes),
+        tier=tier,
+        limits=limits,
         root=Path(root) / task_id,
     )
     pub, priv = task.public_dir, task.private_dir
