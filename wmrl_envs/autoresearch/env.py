@@ -161,9 +161,9 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
             one per episode from ``tasks``.
         split: catalog split sampled when ``task`` and ``tasks`` are ``None``: ``"train"``
             or ``"test"``.
-        tasks: explicit pool to sample from (ids, directories or :class:`Task` s), e.g.
         tier: catalog tier sampled when ``task`` and ``tasks`` are ``None``: ``"small"``
             (default; the 2,500-row catalog) or ``"full"`` (full-size tables).
+        tasks: explicit pool to sample from (ids, directories or :class:`Task` s), e.g.
             procedural tasks.
         config: :class:`AutoResearchConfig`; keyword overrides (``max_turns=3``) also work.
         executor: a :class:`wmrl_envs.sandbox.Executor`; default
@@ -180,8 +180,8 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
         task: str | Task | None = None,
         *,
         split: str = "train",
-        tasks: Sequence[str | Task] | None = None,
         tier: str = "small",
+        tasks: Sequence[str | Task] | None = None,
         config: AutoResearchConfig | None = None,
         executor: Any = None,
         render_mode: str | None = None,
@@ -194,11 +194,11 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
             raise ValueError("pass either config= or keyword overrides, not both")
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        self.split = split
         if tier not in TIERS:
             raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
-        self.render_mode = render_mode
+        self.split = split
         self.tier = tier
+        self.render_mode = render_mode
         self._fixed = get_task(task) if task is not None else None
         if self._fixed is None:
             pool = [get_task(t) for t in tasks] if tasks is not None else [get_task(t) for t in list_catalog(split, tier=tier)]
@@ -262,7 +262,6 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
         limits = Limits(wall_seconds=lim["wall_seconds"], cpu_seconds=lim["wall_seconds"], memory_bytes=lim["memory_bytes"])
         return grade_script(task, request.action, self.executor, self._leaderboard(task), limits=limits)
 
-    def apply(self, action: Any, outcome: Outcome | None) -> tuple[str, float, bool, bool, dict[str, Any]]:
     def run_limits(self, task: Task | None = None) -> dict[str, Any]:
         """Limits of one solution run of ``task`` (default: the current task):
         ``{"wall_seconds", "memory_bytes"}`` -- the config's where set, else the task's own."""
@@ -276,6 +275,7 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
             lim["memory_bytes"] = int(self.config.memory_bytes)
         return lim
 
+    def apply(self, action: Any, outcome: Outcome | None) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self._require_episode()
         parsed = parse_action(action)
         graded = False
@@ -357,8 +357,8 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
 
     def _instructions(self) -> str:
         topics = ", ".join(INFO_TOPICS)
-        return (
         lim = self.run_limits()
+        return (
             f"\n## How to reply ({self.config.max_turns} turns)\n"
             "- To run a solution: reply with exactly one ```python code block. It runs with the files above in "
             f"./data/ (read-only, no network, {lim['wall_seconds']:g} s budget, {lim['memory_bytes'] / 2**30:g} GiB memory) "
@@ -375,9 +375,9 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
             "group_id": self.group_id,
             "group_size": self._group_size,
             "split": t.split,
-            "title": t.title,
             "tier": t.tier,
             **self.run_limits(t),  # wall_seconds, memory_bytes
+            "title": t.title,
             "target": t.target,
             "id_column": t.id_column,
             "submission_columns": t.submission_columns,

@@ -299,7 +299,7 @@ def grading_context(task: Task, turn: int = 0, history: Sequence[str] = (), *, m
         "task_id": task.task_id,
         "overview": task.overview(max_overview_chars),
         "meta": task.meta_features(),
+        "limits": {"wall_seconds": float(lim["wall_seconds"]), "memory_bytes": int(lim["memory_bytes"])},
         "turn": int(turn),
         "history": list(history),
     }
-        "limits": {"wall_seconds": float(lim["wall_seconds"]), "memory_bytes": int(lim["memory_bytes"])},
