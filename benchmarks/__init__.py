@@ -11,7 +11,7 @@ Experiments (each a module with a config dataclass ``CONFIG`` and ``run(config, 
 * ``leaderboard`` (:mod:`benchmarks.leaderboard`): agents on every held-out env.
 
 Shared pieces: :mod:`benchmarks.report` (run dirs, JSON, Markdown, mean/spread) and
-:mod:`benchmarks.common` (config <-> flags, env stacks, policies, plots). Standalone
+:mod:`benchmarks.common` (task splits, shipped configs, seeds, plots). Standalone
 measurement scripts live beside them (see :data:`OTHER_SCRIPTS`).
 """
 

@@ -3,7 +3,7 @@ write ``results.json``, ``results.md``, PNG plots and ``config.json`` into a run
 (default ``runs/<experiment>-<UTC stamp>/``), and print the tables.
 
 Every knob is a flag (``wmrl-bench speedup --help``) and can also come from a TOML/JSON
-config file (``--config main`` = ``benchmarks/configs/main.toml``; flags override it).
+config file (``--config speedup-main`` = ``benchmarks/configs/speedup-main.toml``; flags override it).
 
 Functions: :func:`main`.
 """
@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from benchmarks import EXPERIMENTS, OTHER_SCRIPTS
-from benchmarks.common import add_config_arguments, build_config, config_to_dict, load_config_file
+from benchmarks.common import load_config
 from benchmarks.report import make_run_dir, write_json
+from wmrl_envs.config_cli import add_config_arguments, build_config, config_to_dict
 
 __all__ = ["main"]
 
@@ -54,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     mod = _load(EXPERIMENTS[args.experiment])
     try:
-        file_values = load_config_file(args.config) if args.config else {}
+        file_values = load_config(args.config) if args.config else {}
         config = build_config(mod.CONFIG, file_values, args)
     except (ValueError, FileNotFoundError, TypeError) as err:
         print(f"wmrl-bench {args.experiment}: bad configuration: {err}", file=sys.stderr)

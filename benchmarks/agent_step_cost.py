@@ -3,7 +3,8 @@
 Runs a few real training steps of the default policy (SmolLM2-135M-Instruct, offline) with
 the compact plan scaffold on catalog train tasks, through one or both stacks:
 
-* ``real``: the bare AutoResearch env, every rollout executed in the sandbox (plain GRPO);
+* ``real``: every rollout executed in the sandbox (plain GRPO; real executions counted by
+  ``WorldModelWrapper(mode="env")``);
 * ``wmrl``: ``CalibrationWrapper(AnchorWrapper(WorldModelWrapper(env, CodeOutcomeModel)))``,
   real execution only for anchor groups.
 
@@ -33,17 +34,12 @@ TASKS = ["titanic", "penguins", "breast_cancer", "wine", "auto_mpg", "credit_dat
 
 def _stack(kind: str, num_envs: int, max_turns: int, anchor_fraction: float, world_model: str) -> Any:
     import wmrl_envs  # noqa: F401  (registers env ids)
-    from agents.llm.envs import make_vector_env
+    from agents.llm.loading import load_world_model
+    from wmrl_envs.vector import make_vector_env
+    from wrappers import build_stack
 
     env = make_vector_env("wmrl/AutoResearch-v0", num_envs, split="train", max_turns=max_turns)
-    if kind == "real":
-        return env
-    from benchmarks.common import load_world_model
-    from wrappers import VectorAnchorWrapper, VectorCalibrationWrapper, VectorWorldModelWrapper
-
-    env = VectorWorldModelWrapper(env, load_world_model(world_model), mode="wm")
-    env = VectorAnchorWrapper(env, fraction=anchor_fraction, seed=0)
-    return VectorCalibrationWrapper(env)
+    return build_stack(env, kind, load_world_model(world_model), anchor_fraction=anchor_fraction)
 
 
 def _median(xs: Sequence[float]) -> float | None:
@@ -51,12 +47,12 @@ def _median(xs: Sequence[float]) -> float | None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from agents.llm.policy import LLMPolicy
+    from agents.llm.loading import load_policy
     from agents.llm.scaffolds import PlanScaffold
     from agents.llm.trainer import GRPOConfig, train
 
     t0 = time.perf_counter()
-    policy = LLMPolicy.default() if args.policy == "default" else LLMPolicy.tiny()
+    policy = load_policy(args.policy)
     load_seconds = time.perf_counter() - t0
     rss_after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rows, raw = [], {}

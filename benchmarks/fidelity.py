@@ -31,7 +31,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from benchmarks.ablation import load_records
-from benchmarks.common import config_to_dict, load_world_model, new_figure, save_figure, summarize_seeds
+from agents.llm.loading import load_world_model
+from benchmarks.common import new_figure, save_figure, summarize_seeds
+from wmrl_envs.config_cli import config_to_dict
 from benchmarks.report import machine_summary, markdown_table, write_results
 from wmrl_envs.world_models import FidelityReport
 

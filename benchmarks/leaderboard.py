@@ -29,8 +29,10 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from benchmarks.common import config_to_dict, load_policy, make_vector_env, new_figure, save_figure, summarize_seeds, task_split
+from agents.llm.loading import load_policy
+from benchmarks.common import new_figure, save_figure, summarize_seeds, task_split
 from benchmarks.report import machine_summary, markdown_table, write_results
+from wmrl_envs.config_cli import config_to_dict
 
 __all__ = ["LeaderboardConfig", "CONFIG", "run", "random_plan", "BUILTIN_AGENTS"]
 
@@ -151,17 +153,15 @@ def _evaluate_agent(agent: str, config: LeaderboardConfig, tasks: Sequence[str],
         return _script_agent(config, tasks, seed, lambda spec, rng: fenced(render_plan(plan, spec)))
     if agent == "random-plan":
         return _script_agent(config, tasks, seed, lambda spec, rng: fenced(render_plan(random_plan(rng), spec)))
-    from agents.llm.evaluate import evaluate
+    from agents.llm.evaluate import evaluate_heldout
 
     checkpoint = agent.split(":", 1)[1] if agent.startswith("checkpoint:") else None
     if agent not in policies:
-        policies[agent] = load_policy(config.policy, checkpoint)
-    scaffold = make_scaffold(config.scaffold)
-    env = make_vector_env("test", config.k * len(tasks), max_turns=config.max_turns, wall_seconds=config.wall_seconds)
-    try:
-        result = evaluate(policies[agent], env, scaffold, list(tasks), k=config.k, max_new_tokens=config.max_new_tokens, temperature=config.temperature, seed=seed)
-    finally:
-        env.close()
+        policies[agent] = load_policy(config.policy, checkpoint=checkpoint)
+    result = evaluate_heldout(
+        policies[agent], make_scaffold(config.scaffold), list(tasks), k=config.k, max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature, seed=seed, max_turns=config.max_turns, wall_seconds=config.wall_seconds,
+    )  # fmt: skip
     return result.tasks
 
 

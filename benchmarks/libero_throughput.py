@@ -61,7 +61,7 @@ def _episode_rate(reset: Callable[[], Any], step: Callable[[np.ndarray], Any], a
 def measure(task_index: int, cameras: bool, size: int, horizon: int, repeats: int, seed: int = 0) -> dict[str, Any]:
     """Median steps/s of the three variants for one camera setting."""
     from wmrl_envs.libero.env import LiberoLongEnv
-    from wmrl_envs.libero.rollouts import DEFAULT_PROGRESS_MODEL
+    from wmrl_envs.world_models.progress_rollouts import DEFAULT_PROGRESS_MODEL
     from wmrl_envs.libero.tasks import get_task, load_init_states
     from wmrl_envs.world_models.progress import ProgressOutcomeModel
     from wmrl_envs.world_models.progress_learned import StateProgressModel

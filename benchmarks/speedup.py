@@ -35,20 +35,12 @@ from typing import Any, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
-from benchmarks.common import (
-    ARMS,
-    config_to_dict,
-    cpu_clock,
-    load_policy,
-    load_world_model,
-    make_stack,
-    make_vector_env,
-    new_figure,
-    save_figure,
-    summarize_seeds,
-    task_split,
-)
+from agents.llm.loading import load_policy, load_world_model
+from benchmarks.common import ARMS, cpu_clock, new_figure, save_figure, summarize_seeds, task_split
 from benchmarks.report import machine_summary, markdown_table, write_results
+from wmrl_envs.config_cli import config_to_dict
+from wmrl_envs.vector import make_vector_env
+from wrappers import CalibrationConfig, build_stack
 
 __all__ = ["SpeedupConfig", "CONFIG", "run", "speedup_ratios", "tables", "ARM_METRICS"]
 
@@ -145,15 +137,15 @@ class SpeedupConfig:
         if self.scaffold not in ("plan", "raw"):
             raise ValueError(f"scaffold must be 'plan' or 'raw', got {self.scaffold!r}")
 
-    def calibration(self) -> dict[str, Any]:
-        """Keyword overrides for ``VectorCalibrationWrapper``."""
-        return {
-            "start_pairs": self.calibration_start_pairs,
-            "refit_every": self.calibration_refit_every,
-            "max_pairs": max(5000, self.calibration_start_pairs),
-            "half_life": self.calibration_half_life,
-            "freeze_after": self.calibration_freeze_after,
-        }
+    def calibration(self) -> CalibrationConfig:
+        """The ``CalibrationWrapper`` settings of the WMRL arm."""
+        return CalibrationConfig(
+            start_pairs=self.calibration_start_pairs,
+            refit_every=self.calibration_refit_every,
+            max_pairs=max(5000, self.calibration_start_pairs),
+            half_life=self.calibration_half_life,
+            freeze_after=self.calibration_freeze_after,
+        )
 
 
 CONFIG = SpeedupConfig
@@ -231,14 +223,13 @@ def _warm_up(policy: Any, batch: int, max_new_tokens: int) -> None:
 
 
 def _evaluate(policy: Any, scaffold: Any, tasks: list[str], config: SpeedupConfig, seed: int) -> dict[str, Any]:
-    from agents.llm.evaluate import evaluate
+    from agents.llm.evaluate import evaluate_heldout
 
     # One slot per sample of every task: a single round, so generation is batched across tasks.
-    env = make_vector_env("test", config.eval_k * len(tasks), max_turns=config.max_turns, wall_seconds=config.wall_seconds, vectorization=config.vectorization)
-    try:
-        result = evaluate(policy, env, scaffold, tasks, k=config.eval_k, max_new_tokens=config.max_new_tokens, temperature=config.temperature, seed=10_000 + seed)
-    finally:
-        env.close()
+    result = evaluate_heldout(
+        policy, scaffold, tasks, k=config.eval_k, max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+        seed=10_000 + seed, vectorization=config.vectorization, max_turns=config.max_turns, wall_seconds=config.wall_seconds,
+    )  # fmt: skip
     rewards = [t.mean_reward for t in result.tasks if t.mean_reward is not None]
     return {
         "heldout_avg_at_k": result.mean,
@@ -278,8 +269,13 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
         policy.sync_backend()
         if config.eval_before and arm == config.arms[0]:
             before.append({"seed": seed, **_evaluate(policy, scaffold, eval_tasks, config, seed)})
-        env = make_vector_env("train", num_envs, max_turns=config.max_turns, wall_seconds=config.wall_seconds, vectorization=config.vectorization)
-        stack = make_stack(arm, env, world_model, anchor_fraction=config.anchor_fraction, anchor_min_per_step=config.anchor_min_per_step, seed=seed, calibration=config.calibration())
+        env = make_vector_env(
+            "wmrl/AutoResearch-v0", num_envs, vectorization=config.vectorization, split="train", max_turns=config.max_turns, wall_seconds=config.wall_seconds
+        )
+        stack = build_stack(
+            env, arm, world_model, anchor_fraction=config.anchor_fraction, anchor_min_per_step=config.anchor_min_per_step, seed=seed,
+            calibration=config.calibration(),
+        )  # fmt: skip
         grpo = GRPOConfig(
             groups_per_step=config.groups_per_step, group_size=config.group_size, total_steps=config.steps,
             max_new_tokens=config.max_new_tokens, temperature=config.temperature, learning_rate=config.learning_rate,

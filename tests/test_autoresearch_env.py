@@ -43,25 +43,25 @@ def test_reward_ladder_on_real_runs(executor, task_id, trivial):
     env.reset(seed=0)
     # strong: the pool's best reference solution
     _, r_strong, *_, info = env.step(_reply(_code(task_id, _best(task_id))))
-    strong = info["outcome"]
+    strong = info.get("outcome")
     assert strong.status == "valid" and strong.metrics["percentile"] >= 0.9 and strong.score >= 0.95
     # trivial baseline: valid but near the bottom
     *_, info = env.step(_reply(_code(task_id, trivial)))
-    assert info["outcome"].status == "valid" and info["outcome"].metrics["percentile"] <= 0.3
+    assert info.get("outcome").status == "valid" and info.get("outcome").metrics["percentile"] <= 0.3
     # broken script: syntax error, decided without running
     *_, info = env.step(_reply("import pandas as pd\nprint(pd.read_csv('data/train.csv'\n"))
-    assert info["outcome"].status == "syntax_error" and info["outcome"].score == 0.0 and not info["graded"]
+    assert info.get("outcome").status == "syntax_error" and info.get("outcome").score == 0.0 and not info["graded"]
     # runtime error
     *_, info = env.step(_reply("import pandas as pd\ntrain = pd.read_csv('data/train.csv')\ntrain['no_such_column']\n"))
-    assert info["outcome"].status == "runtime_error" and info["outcome"].score == 0.1
-    assert "KeyError" in info["outcome"].feedback
+    assert info.get("outcome").status == "runtime_error" and info.get("outcome").score == 0.1
+    assert "KeyError" in info.get("outcome").feedback
     # ran, but no submission
     *_, info = env.step(_reply("import pandas as pd\nprint(len(pd.read_csv('data/train.csv')))\n"))
-    assert info["outcome"].status == "no_submission" and info["outcome"].score == 0.2
+    assert info.get("outcome").status == "no_submission" and info.get("outcome").score == 0.2
     # ran, invalid submission
     _, r_last, terminated, _, info = env.step(_reply("open('submission.csv', 'w').write('id,prediction\\n1,2\\n')\n"))
-    assert info["outcome"].status == "no_submission" and "expected exactly" in info["outcome"].feedback
-    assert terminated and info["trajectory_reward"] == strong.score and r_strong == strong.score and r_last == 0.0
+    assert info.get("outcome").status == "no_submission" and "expected exactly" in info.get("outcome").feedback
+    assert terminated and info.get("trajectory_reward") == strong.score and r_strong == strong.score and r_last == 0.0
     assert [o.status for o in info["outcomes"]] == ["valid", "valid", "syntax_error", "runtime_error", "no_submission", "no_submission"]
 
 
@@ -92,7 +92,7 @@ print(json.dumps(found))
     env = AutoResearchEnv("titanic", executor=executor, max_turns=1)
     env.reset(seed=0)
     *_, info = env.step(_reply(_code("titanic", "broken_reads_private_answers")))
-    assert info["outcome"].status == "runtime_error" and "answers.csv" in info["outcome"].feedback
+    assert info.get("outcome").status == "runtime_error" and "answers.csv" in info.get("outcome").feedback
 
 
 def test_world_model_outcome_replaces_grading_without_running(executor, tmp_path):
@@ -107,14 +107,14 @@ def test_world_model_outcome_replaces_grading_without_running(executor, tmp_path
     assert "private" not in json.dumps(ctx)
     env.pending_outcome = Outcome("valid", 0.8, source="wm")
     _, reward, _, _, info = env.step(action)
-    assert info["outcome"].source == "wm" and reward == pytest.approx(0.8) and info["graded"]
+    assert info.get("outcome").source == "wm" and reward == pytest.approx(0.8) and info["graded"]
     env.pending_outcome = None  # unknown: no reward, never 0-scored
     _, reward, _, _, info = env.step(action)
-    assert info["outcome"] is None and reward == 0.0
+    assert info.get("outcome") is None and reward == 0.0
     env.pending_outcome = Outcome("valid", 0.9, source="wm")
     _, reward, terminated, _, info = env.step(action)
     assert reward == pytest.approx(0.1) and terminated
-    assert info["trajectory_reward"] == pytest.approx(0.9) and info["outcomes"][1] is None
+    assert info.get("trajectory_reward") == pytest.approx(0.9) and info["outcomes"][1] is None
     # context carries earlier feedback on later turns
     env.reset(seed=0)
     env.step("REQUEST_INFO: metric")
@@ -129,7 +129,7 @@ def test_harness_failure_is_unknown_not_zero(executor, tmp_path):
     env.reset(seed=0)
     (root / "private" / "answers.csv").unlink()  # the grader cannot score
     _, reward, _, _, info = env.step(_reply("import shutil\nshutil.copy('data/sample_submission.csv', 'submission.csv')\n"))
-    assert info["graded"] and info["outcome"] is None and reward == 0.0 and info["trajectory_reward"] is None
+    assert info["graded"] and info.get("outcome") is None and reward == 0.0 and info.get("trajectory_reward") is None
 
 
 def test_gym_ids_sampling_and_check_env():

@@ -6,8 +6,9 @@ import pytest
 
 from benchmarks.__main__ import main
 from benchmarks.ablation import AblationConfig
-from benchmarks.common import build_config, load_config_file
+from benchmarks.common import load_config
 from benchmarks.speedup import SpeedupConfig
+from wmrl_envs.config_cli import build_config
 
 pytest.importorskip("transformers")
 
@@ -117,7 +118,7 @@ def test_fidelity_minimal_run(tmp_path):
 def test_leaderboard_minimal_run(tmp_path):
     import torch
 
-    from benchmarks.common import load_policy
+    from agents.llm.loading import load_policy
 
     checkpoint = tmp_path / "ckpt"  # the untrained tiny model's own weights, saved as a checkpoint
     checkpoint.mkdir()
@@ -141,18 +142,18 @@ def test_leaderboard_minimal_run(tmp_path):
 
 
 def test_config_files_and_flags(tmp_path):
-    assert build_config(SpeedupConfig, load_config_file("speedup-main")) == SpeedupConfig()  # the file spells out the defaults
-    full = build_config(SpeedupConfig, load_config_file("speedup-full"))
+    assert build_config(SpeedupConfig, load_config("speedup-main")) == SpeedupConfig()  # the file spells out the defaults
+    full = build_config(SpeedupConfig, load_config("speedup-full"))
     assert full.calibration_start_pairs == 200 and full.seeds == (0, 1, 2) and full.eval_max_tasks is None
     custom = tmp_path / "c.json"
     custom.write_text(json.dumps({"steps": 7, "seeds": [3, 4]}))
-    assert build_config(AblationConfig, load_config_file(custom)).seeds == (3, 4)
+    assert build_config(AblationConfig, load_config(custom)).seeds == (3, 4)
     with pytest.raises(ValueError, match="unknown SpeedupConfig settings \\['stepz'\\]"):
         build_config(SpeedupConfig, {"stepz": 3})
     with pytest.raises(ValueError, match="arms must be"):
         SpeedupConfig(arms=("real", "bogus"))
     with pytest.raises(FileNotFoundError, match="shipped configs"):
-        load_config_file("no-such-config")
+        load_config("no-such-config")
     ablation_only = tmp_path / "a.toml"
     ablation_only.write_text("oracle_sigma = 0.3\n")
     assert main(["speedup", "--config", str(ablation_only)]) == 2  # an ablation knob is not a speedup knob

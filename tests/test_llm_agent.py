@@ -162,7 +162,7 @@ def test_update_raises_logprob_of_positive_advantage_and_lowers_negative(tiny):
 
     before = seq_lp()
     opt = torch.optim.AdamW(tiny.trainable_parameters(), lr=1e-3)
-    metrics = _update(tiny, opt, eps, [1.0, -1.0], GRPOConfig(micro_batch_size=1, ppo_epochs=2, kl_coef=0.01))
+    metrics = _update(tiny, opt, eps, [1.0, -1.0], GRPOConfig(micro_batch_size=1, ppo_epochs=2, beta=0.01))
     after = seq_lp()
     assert after[0] > before[0] and after[1] < before[1]
     assert metrics["loss/tokens"] == len(good) + len(bad) and "loss/kl" in metrics
@@ -230,40 +230,11 @@ def test_summarize_averages_over_tasks_and_categories_skipping_unknown():
     assert r.by_category == {"binary": pytest.approx(0.5), "regression": None}
 
 
-# ------------------------------------------------------------------ vector env infos
-def test_nullable_info_vector_env_keeps_unknown_after_numbers():
-    import gymnasium as gym
-    from gymnasium import spaces
-
-    from agents.llm.envs import NullableInfoSyncVectorEnv
-
-    class Env(gym.Env):
-        observation_space, action_space = spaces.Discrete(2), spaces.Discrete(2)
-
-        def __init__(self, value):
-            self.value = value
-
-        def reset(self, *, seed=None, options=None):
-            return 0, {"x": self.value, "y": 1}
-
-        def step(self, action):
-            return 0, 0.0, True, False, {"x": self.value}
-
-    fns = [lambda: Env(1), lambda: Env(None), lambda: Env(2.5)]
-    with pytest.raises(TypeError):  # what plain gymnasium does with the same infos
-        gym.vector.SyncVectorEnv(fns).reset()
-    env = NullableInfoSyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    _, info = env.reset()
-    assert list(info["x"]) == [1, None, 2.5] and info["y"].dtype.kind == "i"
-    _, _, _, _, info = env.step(np.zeros(3, dtype=np.int64))
-    assert list(info["final_info"]["x"]) == [1, None, 2.5]
-
-
 # ------------------------------------------------------------------ multi-turn rollout on the real env
 def test_multi_turn_rollout_masks_observation_tokens(tiny):
     """Random tiny-model replies are malformed: graded 0.0 by the env for free (no execution)."""
     import wmrl_envs  # noqa: F401
-    from agents.llm.envs import make_vector_env
+    from wmrl_envs.vector import make_vector_env
     from agents.llm.rollout import PhaseTimer, Rollout
 
     env = make_vector_env("wmrl/AutoResearch-v0", 2, split="train", max_turns=2)
@@ -281,3 +252,42 @@ def test_multi_turn_rollout_masks_observation_tokens(tiny):
         assert e.reward == 0.0 and [o.status for o in e.outcomes] == ["malformed", "malformed"]
         assert e.texts[0].startswith("model:")  # the scaffold's response priming
     assert timer.wall["generation"] > 0
+
+
+# ------------------------------------------------------------------ trainer: anchor weight
+def test_train_reads_the_anchor_weight_after_the_rollout(monkeypatch):
+    """The weight that scales a step's anchor advantages is the calibration layer's once the
+    rollout is over, not the stale one in the last listed episode's final info (groups that
+    finish after that episode move it)."""
+    from types import SimpleNamespace
+
+    from wrapper_toys import SyntheticWorldModel, ToySeamEnv
+
+    import agents.llm.trainer as trainer
+    from agents.llm.rollout import Episode
+    from wrappers import AnchorWrapper, CalibrationWrapper, WorldModelWrapper
+
+    env = CalibrationWrapper(AnchorWrapper(WorldModelWrapper(ToySeamEnv(), SyntheticWorldModel())))
+
+    class LateGroupRollout:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def run(self, groups, timer, seed):
+            (_, anchor_gid), (_, wm_gid) = groups
+            env.weighter.ema_at_freeze, env.weighter.ema = 1.0, 2.0  # a group finishing last: weight 3.0
+            stale = {"anchor_weight": 1.0, "calibrated": True}
+            members = [(anchor_gid, 0.2, "env"), (anchor_gid, 0.8, "env"), (wm_gid, 0.3, "wm"), (wm_gid, 0.5, "wm")]
+            return [
+                Episode(i, "t", g, None, [], reward=r, source=s, anchor=s == "env", final_info=dict(stale))
+                for i, (g, r, s) in enumerate(members)
+            ]
+
+    updates = []
+    monkeypatch.setattr(trainer, "Rollout", LateGroupRollout)
+    monkeypatch.setattr(trainer, "_update", lambda policy, opt, eps, adv, config: updates.append(adv) or {})
+    policy = SimpleNamespace(trainable_parameters=lambda: [torch.nn.Parameter(torch.zeros(1))])
+    config = trainer.GRPOConfig(groups_per_step=2, group_size=2, total_steps=1, progress=False, tensorboard=False)
+    result = trainer.train(policy, env, scaffold=None, config=config, tasks=["t"])
+    assert result.history[0]["anchor/weight"] == 3.0
+    assert updates[0][:2] == pytest.approx([-3.0, 3.0], rel=1e-4) and updates[0][2:] == pytest.approx([-1.0, 1.0], rel=1e-4)

@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("transformers")
 
 import wmrl_envs  # noqa: F401  (registers the env ids)
-from agents.llm.envs import make_vector_env
+from wmrl_envs.vector import make_vector_env
 from agents.llm.policy import LLMPolicy
 from agents.llm.scaffolds import PlanScaffold
 from agents.llm.trainer import GRPOConfig, train, warm_start

@@ -8,7 +8,8 @@ import importlib.util
 import pytest
 
 from wmrl_envs.world_models import QUALITY_BUCKETS, WorldModel, parse_last_json, parse_prediction
-from wmrl_envs.world_models.lm import LMWorldModel, LMWorldModelConfig, build_messages, smollm2_gguf
+from wmrl_envs import smollm2
+from wmrl_envs.world_models.lm import LMWorldModel, LMWorldModelConfig, build_messages
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -146,8 +147,37 @@ def test_vllm_backend_requires_vllm():
 
 # ------------------------------------------------------- SmolLM2 default
 def test_smollm2_gguf_is_found():
-    directory, name = smollm2_gguf()
-    assert name.endswith(".gguf") and (directory / name).is_file()
+    file = smollm2.gguf_file()
+    assert file.name.endswith(".gguf") and file.is_file()
+
+
+def test_default_lm_world_model_and_policy_share_one_cached_loader(monkeypatch):
+    """Both load SmolLM2 through wmrl_envs.smollm2 (de-quantised once, cached), never the GGUF directly."""
+    calls = []
+
+    class Loaded:
+        def to(self, device):
+            return self
+
+        def eval(self):
+            return self
+
+    def fake_model(dtype=None):
+        calls.append("model")
+        return Loaded()
+
+    def fake_tokenizer():
+        calls.append("tokenizer")
+        return type("Tok", (), {"pad_token": "x", "eos_token": "x", "padding_side": "right"})()
+
+    monkeypatch.setattr(smollm2, "load_model", fake_model)
+    monkeypatch.setattr(smollm2, "load_tokenizer", fake_tokenizer)
+    wm = LMWorldModel(LMWorldModelConfig(backend="transformers"))
+    assert isinstance(wm.model, Loaded) and calls == ["model", "tokenizer"]
+    pytest.importorskip("transformers")
+    from agents.llm import policy
+
+    assert policy.DEFAULT_MODEL == smollm2.NAME and policy.smollm2 is smollm2
 
 
 @pytest.mark.slow

@@ -10,6 +10,9 @@ Because it is a plain attribute, it works through ``set_wrapper_attr`` and throu
 Vector wrappers that need the requests of all sub-envs first set ``pending_action`` (one
 action per sub-env) and then ``call("pending_grading_request")``.
 
+``step`` applies the suite's info policy (:mod:`wmrl_envs.vector`): unknown values (``None``)
+are left out of ``info``, so ``apply`` may use ``None`` freely.
+
 Classes: :class:`GradingRequest`, :class:`OutcomeSeam`. Constant: :data:`GRADE_FOR_REAL`.
 """
 
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from wmrl_envs.outcome import Outcome
+from wmrl_envs.vector import known_info
 
 __all__ = ["GradingRequest", "OutcomeSeam", "GRADE_FOR_REAL"]
 
@@ -89,4 +93,5 @@ class OutcomeSeam:
             outcome = self.grade(request)
         else:
             outcome = pending
-        return self.apply(action, outcome)
+        obs, reward, terminated, truncated, info = self.apply(action, outcome)
+        return obs, reward, terminated, truncated, known_info(info)

@@ -1,22 +1,26 @@
-"""Plumbing shared by the wrappers: finding a wrapper in a stack, per-sub-env vector infos,
-and which sub-envs a vector step really stepped or restarted (autoreset modes).
+"""Plumbing shared by the wrappers: finding a wrapper in a stack, per-sub-env vector infos
+under the suite's info policy (:mod:`wmrl_envs.vector`: unknown values are left out, each
+key has one type), and which sub-envs a vector step really stepped or restarted.
 
-Private module: :func:`find_optional`, :func:`find_wrapper`, :class:`VectorSteps`, :func:`sub_info`, :func:`put_info`,
-:func:`json_key`.
+Private module (``find_layer`` / ``require_layer`` are re-exported by ``wrappers``):
+:func:`find_layer`, :func:`require_layer`, :class:`VectorSteps`, :func:`put_info`, :func:`json_key`;
+re-exported from :mod:`wmrl_envs.vector`: :func:`known_info`, :func:`sub_info`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Iterable, TypeVar
+from typing import Any, Hashable, TypeVar
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-__all__ = ["find_optional", "find_wrapper", "VectorSteps", "sub_info", "put_info", "json_key", "INFO_DTYPES"]
+from wmrl_envs.vector import known_info, sub_info
+
+__all__ = ["find_layer", "require_layer", "VectorSteps", "sub_info", "known_info", "put_info", "json_key", "INFO_DTYPES"]
 
 W = TypeVar("W")
 
-#: dtypes of the info arrays the vector wrappers add (object where ``None`` is possible).
+#: dtypes of the info arrays the vector wrappers add; keys not listed hold objects.
 INFO_DTYPES: dict[str, Any] = {
     "anchor": np.bool_,
     "anchor_weight": np.float64,
@@ -24,23 +28,27 @@ INFO_DTYPES: dict[str, Any] = {
     "wm_predictions": np.int64,
     "real_seconds": np.float64,
     "wm_seconds": np.float64,
-    "anchor_fraction": object,
+    "wm_score": np.float64,
+    "calibrated_score": np.float64,
+    "true_score": np.float64,
+    "anchor_fraction": np.float64,
     "calibrated": np.bool_,
     "anchor_pairs_total": np.int64,
 }
 
 
-def find_optional(env: Any, cls: type[W]) -> W | None:
-    """The outermost wrapper of type ``cls`` in ``env``'s stack (``env`` itself included), or ``None``."""
+def find_layer(env: Any, cls: type[W] | tuple[type, ...]) -> W | None:
+    """The outermost wrapper of type ``cls`` in ``env``'s stack (``env`` itself included), or
+    ``None``. Pass a tuple to accept either form, e.g. ``(AnchorWrapper, VectorAnchorWrapper)``."""
     current = env
     while current is not None and not isinstance(current, cls):
         current = getattr(current, "env", None)
     return current
 
 
-def find_wrapper(env: Any, cls: type[W], *, needed_by: str) -> W:
-    """Like :func:`find_optional`, but a missing wrapper is an error naming who needed it."""
-    found = find_optional(env, cls)
+def require_layer(env: Any, cls: type[W], *, needed_by: str) -> W:
+    """Like :func:`find_layer`, but a missing wrapper is an error naming who needed it."""
+    found = find_layer(env, cls)
     if found is None:
         raise TypeError(f"{needed_by} needs a {cls.__name__} below it in the wrapper stack, got {env!r}")
     return found
@@ -51,25 +59,12 @@ def json_key(gid: Any) -> Hashable:
     return tuple(json_key(x) for x in gid) if isinstance(gid, list) else gid
 
 
-def sub_info(infos: dict[str, Any], i: int, keys: Iterable[str] | None = None) -> dict[str, Any]:
-    """Sub-env ``i``'s entries of a vector ``info`` dict (nested dicts included), or only ``keys``."""
-    out: dict[str, Any] = {}
-    for key in infos if keys is None else (k for k in keys if k in infos):
-        value = infos[key]
-        if key.startswith("_"):
-            continue
-        mask = infos.get(f"_{key}")
-        if isinstance(value, dict):
-            if mask is None or mask[i]:
-                out[key] = sub_info(value, i)
-        elif mask is None or mask[i]:
-            out[key] = value[i]
-    return out
-
-
 def put_info(infos: dict[str, Any], num_envs: int, i: int, values: dict[str, Any]) -> None:
-    """Set sub-env ``i``'s ``values`` in a vector ``info`` dict, with ``_key`` masks."""
+    """Set sub-env ``i``'s known ``values`` in a vector ``info`` dict, with ``_key`` masks
+    (a ``None`` value is unknown: left out, its mask stays False)."""
     for key, value in values.items():
+        if value is None:
+            continue
         if key not in infos:
             infos[key] = np.zeros(num_envs, dtype=INFO_DTYPES.get(key, object))
             if infos[key].dtype == object:

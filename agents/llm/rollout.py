@@ -11,8 +11,7 @@ The token sequence of each episode is kept as ``(tokens, is_action)`` segments: 
 agent's sampled tokens exactly as sampled (mask 1) and the chat-template tokens of the
 observations between them (mask 0).
 
-Classes: :class:`Episode`, :class:`PhaseTimer`, :class:`Rollout`. Functions: :func:`slot_info`,
-:func:`find_layer`.
+Classes: :class:`Episode`, :class:`PhaseTimer`, :class:`Rollout`.
 """
 
 from __future__ import annotations
@@ -29,31 +28,10 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from agents.grpo import concat_segments
 from agents.llm.policy import LLMPolicy
 from agents.llm.scaffolds import Scaffold, TaskSpec
+from wmrl_envs.vector import sub_info
+from wrappers import AnchorWrapper, VectorAnchorWrapper, find_layer
 
-__all__ = ["Episode", "PhaseTimer", "Rollout", "slot_info", "find_layer"]
-
-
-def slot_info(infos: dict[str, Any], i: int) -> dict[str, Any]:
-    """Sub-env ``i``'s entries of a vector ``info`` dict (``_key`` masks respected, nested dicts too)."""
-    out: dict[str, Any] = {}
-    for key, value in infos.items():
-        if key.startswith("_"):
-            continue
-        mask = infos.get(f"_{key}")
-        if mask is not None and not mask[i]:
-            continue
-        out[key] = slot_info(value, i) if isinstance(value, dict) else value[i]
-    return out
-
-
-def find_layer(env: Any, class_name: str) -> Any | None:
-    """The outermost wrapper in ``env``'s stack whose class is named ``class_name`` (or a ``Vector`` form)."""
-    current = env
-    while current is not None:
-        if type(current).__name__ in (class_name, f"Vector{class_name}"):
-            return current
-        current = getattr(current, "env", None)
-    return None
+__all__ = ["Episode", "PhaseTimer", "Rollout"]
 
 
 @dataclass
@@ -168,7 +146,7 @@ class Rollout:
         self.group_size = group_size
         self.sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, batch_size=generation_batch_size)
         self.idle_action = idle_action
-        self.has_anchor = find_layer(env, "AnchorWrapper") is not None
+        self.has_anchor = find_layer(env, (AnchorWrapper, VectorAnchorWrapper)) is not None
 
     # ----- env plumbing -------------------------------------------------------------
     def _reset(self, slots: Sequence[int], options: dict[str, Any]) -> list[tuple[Any, dict[str, Any]]]:
@@ -178,7 +156,7 @@ class Rollout:
         mask = np.zeros(self.num_slots, dtype=np.bool_)
         mask[list(slots)] = True
         obs, infos = self.env.reset(options={**options, "reset_mask": mask})
-        return [(obs[i], slot_info(infos, i)) for i in slots]
+        return [(obs[i], sub_info(infos, i)) for i in slots]
 
     def _step(self, actions: list[str]) -> list[tuple[Any, bool, dict[str, Any]]]:
         """Per slot ``(obs, ended, info of this step)``."""
@@ -190,10 +168,10 @@ class Rollout:
         for i in range(self.num_slots):
             ended = bool(terminated[i] or truncated[i])
             if ended and self.autoreset == AutoresetMode.SAME_STEP:
-                info = slot_info(infos.get("final_info", {}), i)
+                info = sub_info(infos.get("final_info", {}), i)
                 out.append((infos["final_obs"][i], ended, info))
             else:
-                out.append((obs[i], ended, slot_info(infos, i)))
+                out.append((obs[i], ended, sub_info(infos, i)))
         return out
 
     # ----- one round: up to num_slots // group_size groups ----------------------------

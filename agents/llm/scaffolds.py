@@ -126,6 +126,15 @@ class TaskSpec:
             stats=stats,
         )
 
+    @classmethod
+    def from_task(cls, task: Any) -> "TaskSpec":
+        """Build from an AutoResearch task (a catalog id, a task directory or a ``Task``),
+        with the same fields its env's reset ``info`` carries."""
+        from wmrl_envs.autoresearch.tasks import get_task
+
+        t = get_task(task)
+        return cls.from_info({**t.to_json(), **t.meta_features()})
+
 
 class Scaffold(Protocol):
     """Turns observations into chat messages and model text into env actions."""

@@ -42,6 +42,8 @@ _EXPORTS = {
     "grade_script": "grading",
     "position_score": "grading",
     "ladder_score": "grading",
+    "compile_gate": "grading",
+    "LADDER": "grading",
     "validate_submission": "grading",
     "SubmissionError": "grading",
     "METRICS": "metrics",

@@ -59,6 +59,7 @@ from wmrl_envs.autoresearch.tasks import TIERS, Task, get_task, list_catalog
 from wmrl_envs.outcome import Outcome
 from wmrl_envs.seam import GradingRequest, OutcomeSeam
 from wmrl_envs.spaces import FreeText
+from wmrl_envs.vector import known_info
 
 __all__ = ["AutoResearchConfig", "AutoResearchEnv", "ParsedAction", "parse_action", "INFO_TOPICS"]
 
@@ -370,7 +371,7 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
 
     def _reset_info(self) -> dict[str, Any]:
         t = self.task
-        return {
+        return known_info({
             "task_id": t.task_id,
             "group_id": self.group_id,
             "group_size": self._group_size,
@@ -383,10 +384,8 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
             "submission_columns": t.submission_columns,
             "classes": list(t.classes) if t.classes is not None else None,
             "max_turns": self.config.max_turns,
-            # Not-applicable meta-features (n_classes of a regression task) are left out rather
-            # than set to None: vector envs batch a key by the type of its first value.
-            **{k: v for k, v in t.meta_features().items() if v is not None},
-        }
+            **t.meta_features(),
+        })  # unknown / not-applicable values (n_classes of a regression task) are left out
 
     def _info(self, topic: str) -> str:
         t = self.task

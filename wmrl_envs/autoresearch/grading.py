@@ -18,12 +18,13 @@ score (``None``), never 0.
 
 Classes: :class:`SubmissionError`. Functions: :func:`read_submission`,
 :func:`validate_submission`, :func:`score_submission`, :func:`position_score`,
-:func:`ladder_score`, :func:`check_syntax`, :func:`harness_failed`, :func:`outcome_from_execution`,
+:func:`ladder_score`, :func:`check_syntax`, :func:`compile_gate`, :func:`harness_failed`, :func:`outcome_from_execution`,
 :func:`grade_script`, :func:`grading_context`. Constant: :data:`LADDER`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 from typing import Any, Sequence
@@ -44,6 +45,7 @@ __all__ = [
     "position_score",
     "ladder_score",
     "check_syntax",
+    "compile_gate",
     "outcome_from_execution",
     "grade_script",
     "grading_context",
@@ -204,6 +206,22 @@ def check_syntax(script: str) -> Outcome | None:
         where = f" (line {line})" if line else ""
         return Outcome("syntax_error", LADDER["syntax_error"], feedback=f"SyntaxError{where}: {getattr(err, 'msg', err)}")
     return None
+
+
+def compile_gate(code: str) -> Outcome | None:
+    """:func:`check_syntax` for world models: the exact outcome of a script that does not
+    compile (marked ``source="wm"``, ``metrics["compile_gate"] = True``), else ``None``.
+
+    Compilation is deterministic, so no world model needs to guess here: a script that
+    ``compile`` rejects fails in the sandbox with a ``SyntaxError`` before running.
+
+    >>> compile_gate("print(1").status, compile_gate("print(1)") is None
+    ('syntax_error', True)
+    """
+    exact = check_syntax(code)
+    if exact is None:
+        return None
+    return dataclasses.replace(exact, metrics={**exact.metrics, "compile_gate": True}, source="wm")
 
 
 def _tail(text: str, n: int = _FEEDBACK_TAIL) -> str:

@@ -5,8 +5,9 @@ Importing this package does not import MuJoCo; ``gym.make`` (or importing
 headless machine (set by default).
 
 Modules: ``tasks`` (task table, initial-state splits), ``env`` (:class:`LiberoLongEnv`),
-``goals`` (privileged progress labels, goal placement through the simulator), ``rollouts``
-(logging rollouts to train progress models), ``registration`` (gym ids).
+``goals`` (privileged progress labels, goal placement through the simulator), ``registration``
+(gym ids). Logging rollouts to train progress world models lives with the world models
+(:mod:`wmrl_envs.world_models.progress_rollouts`).
 """
 
 from wmrl_envs.libero.tasks import LIBERO_10_TASKS, SPLITS, LiberoTask, get_task

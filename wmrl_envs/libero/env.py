@@ -49,6 +49,7 @@ from wmrl_envs.libero.tasks import LiberoTask, bddl_path, get_task, load_init_st
 from wmrl_envs.outcome import Outcome
 from wmrl_envs.seam import GradingRequest, OutcomeSeam
 from wmrl_envs.spaces import FreeText
+from wmrl_envs.vector import known_info
 
 __all__ = ["LiberoLongConfig", "LiberoTrajectory", "LiberoLongEnv", "NOOP_ACTION", "PROPRIO_DIM"]
 
@@ -298,7 +299,7 @@ class LiberoLongEnv(OutcomeSeam, gym.Env):
             "init_state": index,
             "instruction": self.task.instruction,
         }
-        return self._obs, info
+        return self._obs, known_info(info)
 
     def _clear_carried_state(self) -> None:
         # A soft reset keeps state that the bundled init states do not cover; without this,

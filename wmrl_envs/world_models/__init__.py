@@ -14,7 +14,7 @@ list[Outcome | None]``, batched, ``source="wm"``, ``None`` when it cannot say.
 Importing this package does not import torch/transformers (``lm`` loads them lazily).
 """
 
-from wmrl_envs.world_models.base import LADDER, WorldModel, check_batch, compile_gate, ladder_score, predict_requests
+from wmrl_envs.world_models.base import WorldModel, check_batch, predict_requests
 from wmrl_envs.world_models.code_outcome import CodeOutcomeConfig, CodeOutcomeModel
 from wmrl_envs.world_models.features import ScriptFeaturizer, summarize_script
 from wmrl_envs.world_models.fidelity import FidelityReport, centred_bias, evaluate_fidelity, fidelity_from_scores, markdown_table
@@ -23,7 +23,7 @@ from wmrl_envs.world_models.logs import LogRecord, read_logs, split_by_task, wri
 from wmrl_envs.world_models.noisy_oracle import BIAS_PRESETS, LoggedOutcomes, NoisyOracle, quadratic_bias
 
 __all__ = [
-    "WorldModel", "LADDER", "ladder_score", "compile_gate", "check_batch", "predict_requests",
+    "WorldModel", "check_batch", "predict_requests",
     "CodeOutcomeConfig", "CodeOutcomeModel", "ScriptFeaturizer", "summarize_script",
     "FidelityReport", "evaluate_fidelity", "fidelity_from_scores", "centred_bias", "markdown_table",
     "LMWorldModel", "LMWorldModelConfig", "QUALITY_BUCKETS", "parse_last_json", "parse_prediction",

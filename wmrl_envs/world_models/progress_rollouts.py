@@ -13,9 +13,10 @@ Every frame is labelled with :func:`~wmrl_envs.libero.goals.privileged_progress`
 states are exactly what :class:`~wmrl_envs.libero.env.LiberoTrajectory` carries.
 
 CLI (a few CPU-minutes: writes train and held-out sets, fits the model, prints its
-held-out fidelity; this is how ``data/progress_model.pkl`` was made, see ``data/progress_model.json``)::
+held-out fidelity; this is how ``progress_model/progress_model.pkl`` was made, see
+``progress_model/progress_model.json``)::
 
-    nice python -m wmrl_envs.libero.rollouts --out-dir runs/progress --train-inits 4 --heldout-inits 2
+    nice python -m wmrl_envs.world_models.progress_rollouts --out-dir runs/progress --train-inits 4 --heldout-inits 2
 
 Functions: :func:`log_episodes`, :func:`collect`. Constants: :data:`DEFAULT_PROGRESS_MODEL`.
 """
@@ -37,7 +38,7 @@ from wmrl_envs.world_models.progress_learned import ProgressDataset, ProgressEpi
 __all__ = ["log_episodes", "collect", "DEFAULT_PROGRESS_MODEL", "KINDS"]
 
 #: The small state-based progress model shipped with the package (trained by this module's CLI).
-DEFAULT_PROGRESS_MODEL = Path(__file__).parent / "data" / "progress_model.pkl"
+DEFAULT_PROGRESS_MODEL = Path(__file__).parent / "progress_model" / "progress_model.pkl"
 KINDS = ("random", "goal", "partial")
 
 
@@ -116,7 +117,7 @@ def collect(task_ids: Sequence[int], init_states: Sequence[int], *, seed: int = 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m wmrl_envs.libero.rollouts", description="log labelled rollouts and fit a StateProgressModel")
+    parser = argparse.ArgumentParser(prog="python -m wmrl_envs.world_models.progress_rollouts", description="log labelled rollouts and fit a StateProgressModel")
     parser.add_argument("--out-dir", required=True, type=Path)
     parser.add_argument("--tasks", type=int, nargs="*", default=[t.index for t in LIBERO_10_TASKS])
     parser.add_argument("--train-inits", type=int, default=4, help="initial states per task from the in-distribution split")

@@ -1,0 +1,103 @@
+"""Loading what an LLM training run needs, in one place: policies, their warm start, world models.
+
+Used by the agent's CLI (``python -m agents.llm``) and by every benchmark.
+
+* :func:`load_policy` — ``"default"`` (SmolLM2-135M-Instruct, offline), ``"tiny"`` (a random
+  from-config model), ``"tiny-plan"`` (tiny, warm-started on demonstration plans), or any
+  Hugging Face name / local path; optionally with a trainer checkpoint's weights.
+* :func:`warm_start_plans` — the supervised warm start on :data:`WARM_START_REPLIES`.
+* :func:`load_world_model` — ``"default"`` (the shipped :class:`CodeOutcomeModel`) or a
+  saved model directory.
+
+Constants: :data:`POLICIES`, :data:`WARM_START_REPLIES`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["POLICIES", "WARM_START_REPLIES", "load_policy", "warm_start_plans", "load_world_model"]
+
+#: Named policies of :func:`load_policy` (anything else is a model name or path).
+POLICIES = ("default", "tiny", "tiny-plan")
+
+#: Demonstration plans of the warm start (the text after the plan scaffold's ``model:``
+#: prefix): every model family, good and weak, so RL has choices to learn from.
+WARM_START_REPLIES = (
+    " random_forest\nn_estimators: 100\nmax_depth: 8",
+    " gradient_boosting\nn_estimators: 100\nlearning_rate: 0.1",
+    " extra_trees\nn_estimators: 100",
+    " linear\nC: 1.0\nscale: yes",
+    " knn\nn_neighbors: 15",
+    " baseline",
+)
+
+
+def warm_start_plans(
+    policy: Any,
+    tasks: Sequence[str] | None = None,
+    *,
+    steps: int = 30,
+    learning_rate: float = 1e-2,
+    seed: int = 0,
+    scaffold: Any = None,
+) -> list[float]:
+    """Supervised warm start (:func:`agents.llm.trainer.warm_start`) on
+    :data:`WARM_START_REPLIES` over ``tasks`` (default: the catalog's train split), so a
+    randomly initialised model writes plan-like text (valid, failing and malformed plans
+    after sampling noise). Returns the loss per step."""
+    from agents.llm.scaffolds import PlanScaffold, TaskSpec
+    from agents.llm.trainer import warm_start
+    from wmrl_envs.autoresearch.tasks import list_catalog
+
+    specs = [TaskSpec.from_task(t) for t in (tasks or list_catalog("train"))]
+    return warm_start(policy, scaffold or PlanScaffold(), specs, WARM_START_REPLIES, steps=steps, learning_rate=learning_rate, seed=seed)
+
+
+def load_policy(spec: str = "default", *, checkpoint: str | Path | None = None, lora: bool = False, seed: int = 0) -> Any:
+    """An :class:`~agents.llm.policy.LLMPolicy`.
+
+    Args:
+        spec: one of :data:`POLICIES`, or a Hugging Face model name / local path.
+        checkpoint: a trainer checkpoint directory (or a directory holding ``policy.pt``)
+            whose trainable weights are loaded.
+        lora: train a LoRA adapter instead of all weights.
+        seed: initialisation seed of the tiny models.
+
+    Raises:
+        FileNotFoundError: ``checkpoint`` holds no ``policy.pt``.
+    """
+    import torch
+
+    from agents.llm.policy import LLMPolicy, LoraSettings
+
+    settings = LoraSettings() if lora else None
+    file = Path(checkpoint) / "policy.pt" if checkpoint is not None else None
+    if file is not None and not file.is_file():  # before the (slow) model load
+        raise FileNotFoundError(f"{checkpoint} is not a trainer checkpoint ({file.name} missing)")
+    if spec == "default":
+        policy = LLMPolicy.default(lora=settings)
+    elif spec in ("tiny", "tiny-plan"):
+        policy = LLMPolicy.tiny(lora=settings, seed=seed)
+        if spec == "tiny-plan":
+            warm_start_plans(policy, seed=seed)
+    else:
+        policy = LLMPolicy.from_pretrained(spec, lora=settings)
+    if file is not None:
+        policy.load_trainable_state_dict(torch.load(file, weights_only=True))
+        policy.sync_backend()
+    return policy
+
+
+def load_world_model(spec: str = "default") -> Any:
+    """``"default"`` = the shipped fitted :class:`~wmrl_envs.world_models.CodeOutcomeModel`;
+    anything else = a directory written by ``CodeOutcomeModel.save`` / ``wmrl-wm fit``."""
+    from wmrl_envs.world_models import CodeOutcomeModel
+
+    if spec != "default":
+        return CodeOutcomeModel.load(spec)
+    try:
+        return CodeOutcomeModel.load_default()
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"{err}. Fit one with `wmrl-wm fit --logs <pool logs> --split train --out <dir>` and pass its directory") from err
