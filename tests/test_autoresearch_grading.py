@@ -87,13 +87,22 @@ def _valid(task):
 def test_valid_submission_scores_and_is_order_insensitive(binary_task):
     sub = _valid(binary_task)
     assert score_submission(binary_task, sub) == 0.5  # constant scores -> AUC 0.5
-    shuffled = sub.sample(frac=1.0, random_state=0)
-    assert score_submission(binary_task, shuffled) == 0.5
+    # Informative, distinct scores: rows are matched by id, so shuffling the rows of the file
+    # keeps the score, while shuffling the scores against the ids destroys it.
+    ans = binary_task.read_answers()
+    truth = (ans[binary_task.target].astype(str) == binary_task.positive_class).to_numpy(dtype=float)
+    noise = np.random.default_rng(0).uniform(0, 0.5, len(ans))
+    informative = pd.DataFrame({binary_task.id_column: ans[binary_task.id_column], binary_task.target: 0.25 + 0.5 * truth + noise * 0.4})
+    score = score_submission(binary_task, informative)
+    assert score > 0.9
+    assert score_submission(binary_task, informative.sample(frac=1.0, random_state=0)) == score
+    misaligned = informative.assign(**{binary_task.target: informative[binary_task.target].sample(frac=1.0, random_state=0).to_numpy()})
+    assert score_submission(binary_task, misaligned) < 0.7
 
 
 def test_perfect_submission_scores_perfectly(label_task, multiclass_task):
     ans = label_task.read_answers()
-    assert score_submission(label_task, ans.rename(columns={})) == 1.0
+    assert score_submission(label_task, ans) == 1.0
     ans = multiclass_task.read_answers()
     onehot = pd.get_dummies(ans[multiclass_task.target]).astype(float)[list(multiclass_task.classes)]
     onehot.insert(0, multiclass_task.id_column, ans[multiclass_task.id_column])
