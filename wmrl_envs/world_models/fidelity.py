@@ -4,6 +4,11 @@ For each held-out record the world model predicts an outcome; the report compare
 the logged true outcome:
 
 * ``status_accuracy`` — predicted status equals the true one (records the model scored);
+  the same on the records whose run died of a resource limit, memory
+  (``memory_failure_status_accuracy``: true outcome ``runtime_error`` with
+  ``metrics["exec_status"] == "killed_memory"``) and time (``time_failure_status_accuracy``:
+  true status ``timeout``), with their counts -- does the model see a crash coming that only
+  the table's size explains?
 * ``spearman`` — rank correlation of predicted vs true score, pooled, and
   ``spearman_within_group`` — the mean over groups (same task) of the within-group rank
   correlation, which is what group-relative advantages (GRPO) see (also among records
@@ -21,7 +26,7 @@ the logged true outcome:
   part, where every number above is computed (``*_after``), as Online Debiasing would.
 
 Classes: :class:`FidelityReport`. Functions: :func:`evaluate_fidelity`,
-:func:`fidelity_from_scores`, :func:`centred_bias`, :func:`markdown_table`.
+:func:`fidelity_from_scores`, :func:`centred_bias`, :func:`markdown_table`, :func:`failure_kind`.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from tqdm.auto import tqdm
 from wmrl_envs.world_models.base import WorldModel
 from wmrl_envs.world_models.logs import LogRecord
 
-__all__ = ["FidelityReport", "evaluate_fidelity", "fidelity_from_scores", "centred_bias", "markdown_table"]
+__all__ = ["FidelityReport", "evaluate_fidelity", "fidelity_from_scores", "centred_bias", "markdown_table", "failure_kind"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,10 @@ class FidelityReport:
     n_eval: int
     coverage: float | None
     status_accuracy: float | None
+    n_memory_failures: int
+    memory_failure_status_accuracy: float | None
+    n_time_failures: int
+    time_failure_status_accuracy: float | None
     spearman: float | None
     spearman_within_group: float | None
     spearman_within_group_valid: float | None
@@ -76,6 +85,8 @@ class FidelityReport:
 _LABELS = {
     "n_records": "records", "n_groups": "groups (tasks)", "n_calibration": "calibration part",
     "n_eval": "evaluation part", "coverage": "coverage (score known)", "status_accuracy": "status accuracy",
+    "n_memory_failures": "runs out of memory (true)", "memory_failure_status_accuracy": "status accuracy, runs out of memory",
+    "n_time_failures": "runs out of time (true)", "time_failure_status_accuracy": "status accuracy, runs out of time",
     "spearman": "Spearman (pooled)", "spearman_within_group": "Spearman (within group, mean)",
     "spearman_within_group_valid": "Spearman (within group, truly valid only)",
     "bias_before": "centred bias B, raw", "bias_after": "centred bias B, calibrated",
@@ -155,6 +166,7 @@ def fidelity_from_scores(
     groups: Sequence[Hashable],
     wm_status: Sequence[str | None] | None = None,
     true_status: Sequence[str] | None = None,
+    failure_kinds: Sequence[str | None] | None = None,
     *,
     calibration_fraction: float = 0.5,
     seed: int = 0,
@@ -165,6 +177,8 @@ def fidelity_from_scores(
 
     The calibration part is a seeded random ``calibration_fraction`` of the covered
     records; with ``calibration_fraction=0`` no calibration is done (``*_after`` is None).
+    ``failure_kinds``: per record ``"memory"`` / ``"time"`` when the true run died of that
+    limit, else ``None`` (for the per-failure status accuracies).
     """
     n = len(true_scores)
     if not (len(wm_scores) == n == len(groups)):
@@ -173,9 +187,16 @@ def fidelity_from_scores(
         raise ValueError(f"calibration_fraction must be in [0, 1), got {calibration_fraction}")
     covered = np.array([s is not None for s in wm_scores])
     accuracy = None
+    kind_accuracy: dict[str, float | None] = {"memory": None, "time": None}
+    kinds = list(failure_kinds) if failure_kinds is not None else [None] * n
+    if len(kinds) != n:
+        raise ValueError(f"failure_kinds has {len(kinds)} entries for {n} records")
     if wm_status is not None and true_status is not None:
         hits = [a == b for a, b, c in zip(wm_status, true_status, covered) if c]
         accuracy = float(np.mean(hits)) if hits else None
+        for kind in kind_accuracy:
+            hits = [a == b for a, b, c, k in zip(wm_status, true_status, covered, kinds) if c and k == kind]
+            kind_accuracy[kind] = float(np.mean(hits)) if hits else None
     idx = np.flatnonzero(covered)
     w = np.array([wm_scores[i] for i in idx], dtype=float)
     t = np.array([true_scores[i] for i in idx], dtype=float)
@@ -203,6 +224,10 @@ def fidelity_from_scores(
         n_eval=len(ev),
         coverage=float(covered.mean()) if n else None,
         status_accuracy=accuracy,
+        n_memory_failures=sum(k == "memory" for k in kinds),
+        memory_failure_status_accuracy=kind_accuracy["memory"],
+        n_time_failures=sum(k == "time" for k in kinds),
+        time_failure_status_accuracy=kind_accuracy["time"],
         spearman=_spearman(w_ev, t_ev),
         spearman_within_group=_within_spearman(w_ev, t_ev, g_ev),
         spearman_within_group_valid=_within_spearman(w_ev[valid_ev], t_ev[valid_ev], [x for x, v in zip(g_ev, valid_ev) if v]) if valid_ev is not None else None,
@@ -213,6 +238,23 @@ def fidelity_from_scores(
         mae_before=float(np.mean(np.abs(w_ev - t_ev))) if len(ev) else None,
         mae_after=float(np.mean(np.abs(w_cal_ev - t_ev))) if w_cal_ev is not None else None,
     )
+
+
+def failure_kind(outcome: Any) -> str | None:
+    """``"memory"`` / ``"time"`` if a true outcome is a run killed by that limit, else ``None``.
+
+    >>> from wmrl_envs.outcome import Outcome
+    >>> failure_kind(Outcome("runtime_error", 0.1, metrics={"exec_status": "killed_memory"})), failure_kind(Outcome("timeout", 0.1))
+    ('memory', 'time')
+    """
+    if outcome is None:
+        return None
+    if outcome.status == "timeout":
+        return "time"
+    metrics = outcome.metrics if isinstance(outcome.metrics, dict) else {}
+    if outcome.status == "runtime_error" and metrics.get("exec_status") == "killed_memory":
+        return "memory"
+    return None
 
 
 def evaluate_fidelity(
@@ -244,6 +286,7 @@ def evaluate_fidelity(
         [r.task_id for r in records],
         [None if p is None else p.status for p in preds],
         [r.outcome.status for r in records],
+        [failure_kind(r.outcome) for r in records],
         calibration_fraction=calibration_fraction,
         seed=seed,
         n_bins=n_bins,
