@@ -13,6 +13,7 @@ import json
 import numpy as np
 import pytest
 
+from wmrl_envs.autoresearch.grading import compile_gate, ladder_score
 from wmrl_envs.outcome import Outcome
 from wmrl_envs.seam import GradingRequest
 from wmrl_envs.world_models import (
@@ -24,10 +25,8 @@ from wmrl_envs.world_models import (
     NoisyOracle,
     WorldModel,
     centred_bias,
-    compile_gate,
     evaluate_fidelity,
     fidelity_from_scores,
-    ladder_score,
     predict_requests,
     read_logs,
     split_by_task,

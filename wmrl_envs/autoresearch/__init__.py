@@ -5,6 +5,10 @@ Modules: ``tasks`` (task format on disk), ``catalog`` (curated real tasks), ``pr
 position score, reward ladder), ``leaderboard`` (reference pool, leaderboards, pool logs),
 ``env`` (:class:`AutoResearchEnv`), ``registration`` (gym ids), ``cli`` (``wmrl-tasks``).
 
+Catalog tiers: ``"small"`` (default; 27 tables capped at 2,500 rows) and ``"full"``
+(full-size tables of >= 20,000 rows with their own split and per-task limits), e.g.
+``list_catalog("train", tier="full")``, ``gym.make("wmrl/AutoResearch-v0", tier="full")``.
+
 Names below are imported lazily so ``import wmrl_envs`` (which registers the gym ids)
 does not pull in pandas and scikit-learn.
 
@@ -29,8 +33,11 @@ _EXPORTS = {
     "list_catalog": "tasks",
     "write_task": "tasks",
     "CATALOG": "catalog",
+    "FULL_CATALOG": "catalog",
     "build_catalog": "catalog",
     "catalog_split": "catalog",
+    "catalog_specs": "catalog",
+    "TIERS": "tasks",
     "generate_task": "procedural",
     "ProceduralConfig": "procedural",
     "task_from_csv": "byo",

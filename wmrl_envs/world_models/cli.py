@@ -75,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for f in ("learning_rate", "l2_regularization", "anchor_weight"):
         fit.add_argument("--" + f.replace("_", "-"), type=float, default=getattr(CodeOutcomeConfig, f))
     fit.add_argument("--no-training-data", action="store_true", help="do not store the training matrix (smaller file; no update)")
+    fit.add_argument("--no-size-features", action="store_true", help="leave out the size-vs-limit features (ablation)")
     fid = sub.add_parser("fidelity", help="fidelity report of a model on held-out logs")
     fid.add_argument("--model", required=True, help="model directory, or 'default' for the shipped model")
     fid.add_argument("--logs", nargs="+", required=True)
@@ -97,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             n_hash=args.n_hash, max_iter=args.max_iter, learning_rate=args.learning_rate,
             max_leaf_nodes=args.max_leaf_nodes, min_samples_leaf=args.min_samples_leaf,
             l2_regularization=args.l2_regularization, anchor_weight=args.anchor_weight,
-            keep_training_data=not args.no_training_data, seed=args.seed,
+            keep_training_data=not args.no_training_data, seed=args.seed, size_features=not args.no_size_features,
         )  # fmt: skip
         model = CodeOutcomeModel(config).fit(records)
         model.info["training_logs"] = [Path(p).name for p in args.logs]

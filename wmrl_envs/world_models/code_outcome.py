@@ -41,7 +41,8 @@ from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostin
 from threadpoolctl import threadpool_limits
 
 from wmrl_envs.outcome import Outcome
-from wmrl_envs.world_models.base import LADDER, check_batch, compile_gate, ladder_score
+from wmrl_envs.autoresearch.grading import LADDER, compile_gate, ladder_score
+from wmrl_envs.world_models.base import check_batch
 from wmrl_envs.world_models.features import ScriptFeaturizer, ScriptSummary
 from wmrl_envs.world_models.logs import LogRecord
 
@@ -70,6 +71,11 @@ class CodeOutcomeConfig:
         keep_training_data: store the feature matrix so :meth:`CodeOutcomeModel.update` can
             refit with extra logs (default True).
         seed: random seed of the tree ensembles (default 0).
+        size_features: give the featurizer the size-vs-limit block
+            (:data:`~wmrl_envs.world_models.features.SIZE_FEATURES`: dense one-hot share of
+            the memory limit, rows, rows per second of the time limit), what lets the model
+            see memory and time failures coming on big tables (default True; models saved
+            before it existed load with False).
         n_threads: OpenMP threads for fitting and prediction (default 1; ``None`` = all
             cores). One thread is the default because the model is small and OpenMP
             spin-waiting on a busy or shared machine is catastrophically slow (measured
@@ -87,6 +93,7 @@ class CodeOutcomeConfig:
     keep_training_data: bool = True
     seed: int = 0
     n_threads: int | None = 1
+    size_features: bool = True
 
     def __post_init__(self) -> None:
         if self.score_mode not in ("expected", "argmax"):
@@ -122,7 +129,7 @@ class CodeOutcomeModel:
 
     def __init__(self, config: CodeOutcomeConfig | None = None) -> None:
         self.config = config or CodeOutcomeConfig()
-        self.featurizer = ScriptFeaturizer(n_hash=self.config.n_hash)
+        self.featurizer = ScriptFeaturizer(n_hash=self.config.n_hash, size_features=self.config.size_features)
         self.classes_: list[str] = []
         self._classifier: HistGradientBoostingClassifier | None = None
         self._regressor: HistGradientBoostingRegressor | None = None
@@ -143,7 +150,8 @@ class CodeOutcomeModel:
         usable = _usable(records)
         if not usable:
             raise ValueError(f"no usable records among {len(records)}: every one failed to compile or had an unknown outcome")
-        self.featurizer = ScriptFeaturizer(n_hash=self.config.n_hash).fit([r.context for r in usable], [r.code for r in usable])
+        self.featurizer = ScriptFeaturizer(n_hash=self.config.n_hash, size_features=self.config.size_features).fit(
+            [r.context for r in usable], [r.code for r in usable])
         arrays = self._arrays(usable)
         self._fit_arrays(*arrays)
         self.info = {
@@ -312,7 +320,7 @@ class CodeOutcomeModel:
             raise ValueError(f"{file}: format version {d.get('format_version')!r}, this code reads {_FORMAT_VERSION}")
         if d["sklearn_version"] != sklearn.__version__:
             warnings.warn(f"{file} was fitted with scikit-learn {d['sklearn_version']}, running {sklearn.__version__}; refit if predictions look off", stacklevel=2)
-        model = cls(CodeOutcomeConfig(**d["config"]))
+        model = cls(CodeOutcomeConfig(**{"size_features": False, **d["config"]}))  # saved before size features: without
         model.featurizer = ScriptFeaturizer.from_state_dict(d["featurizer"])
         model.classes_ = list(d["classes"])
         model._classifier, model._regressor = d["classifier"], d["regressor"]
