@@ -123,3 +123,50 @@ def test_correction_switches_give_the_four_ablation_settings(debias, denoise):
     assert all(r["reward"] == pytest.approx(r["calibrated_score"]) for r in late)
     weights = {r["anchor_weight"] for r in records}
     assert (weights != {1.0}) if denoise else (weights == {1.0})
+
+
+def test_true_scores_equal_up_to_rounding_are_degenerate():
+    """``[.5, .5, .5, .5 + 1e-9]`` has var ~2e-19: dividing a real disagreement by it would pin
+    the weight at its clip. It is skipped like an exactly equal group."""
+    assert InverseVarianceWeighter.disagreement([0.1, 0.9, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5 + 1e-9]) is None
+    w = InverseVarianceWeighter(freeze_after=1)
+    rng = np.random.default_rng(0)
+    assert w.observe(*noisy_group(rng, 0.1))
+    assert w.weight == 2.0
+    for _ in range(20):
+        assert w.observe([0.1, 0.9, 0.5, 0.3], [0.5, 0.5, 0.5, 0.5 + 1e-9]) is False
+    assert w.weight == 2.0 and w.n_degenerate == 20 and w.n_observed == 1
+
+
+@pytest.mark.parametrize("start", ["after-fit", "first-anchor"])
+def test_weighter_start_switch(start):
+    """Default ``after-fit``: the weighter observes only once the map is fitted (the weight is
+    exactly 1.0 until then). ``first-anchor`` (the reference implementation): from the first
+    anchor group, on raw disagreement."""
+    env = CalibrationWrapper(
+        AnchorWrapper(WorldModelWrapper(ToySeamEnv(n_actions=64), SyntheticWorldModel(noise=0.05)), fraction=0.25, seed=1),
+        start_pairs=400,
+        freeze_after=4,
+        weighter_start=start,
+    )
+    before_fit = [(env.weighter.n_observed, r["anchor_weight"]) for r in training_steps(env, range(20), groups=16, size=4, seed=3)]
+    assert not env.debiaser.fitted  # 20 steps x ~4 anchor groups x 4 members < 400 pairs
+    if start == "after-fit":
+        assert env.weighter.n_observed == 0 and {w for _, w in before_fit} == {1.0}
+    else:
+        assert env.weighter.n_observed >= 40 and env.weighter.frozen and any(w != 1.0 for _, w in before_fit)
+    with pytest.raises(ValueError, match="weighter_start"):
+        CalibrationWrapper(env.env, weighter_start="sometime")
+
+
+def test_rounding_residuals_of_a_perfect_world_model_never_move_the_weight():
+    """A map fitted on a perfect world model reproduces the true scores up to ~1e-17; that is
+    no disagreement: the scale must not freeze on it (it would pin the weight at 4 after)."""
+    t = [0.25, 0.5, 0.75, 1.0]
+    assert InverseVarianceWeighter.disagreement([0.25 + 2.8e-17, 0.5, 0.75, 1.0], t) == 0.0
+    w = InverseVarianceWeighter(freeze_after=2)
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        noise = rng.normal(0.0, 1e-16, 4)
+        assert w.observe((np.array(t) + noise).tolist(), t)
+    assert not w.frozen and w.weight == 1.0

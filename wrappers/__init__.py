@@ -9,15 +9,20 @@ Stack, outermost first (single env, or the ``Vector*`` forms on a ``VectorEnv``)
 * :class:`AnchorWrapper` / :class:`VectorAnchorWrapper`: a seeded share of GRPO groups is
   graded for real too, yielding ``(wm_score, true_score)`` pairs.
 * :class:`CalibrationWrapper` / :class:`VectorCalibrationWrapper`: Online Debiasing
-  (isotonic map on every world-model score) and Inverse-Variance Denoising (``anchor_weight``).
+  (isotonic map on every world-model score) and Inverse-Variance Denoising (``anchor_weight``),
+  driven by a :class:`Calibrator` (also usable without an env) set by :class:`CalibrationConfig`.
 * Plain, serialisable state machines shared by both forms: :class:`AnchorScheduler`,
   :class:`OnlineDebiaser`, :class:`InverseVarianceWeighter`.
+* :func:`build_stack`: the one builder of the ``real`` / ``wm`` / ``wmrl`` stacks.
 * :func:`stack_state_dict` / :func:`load_stack_state_dict`: resume a whole stack.
+* :func:`find_layer` / :func:`require_layer`: a wrapper of a given class in a stack.
 """
 
+from wrappers._common import find_layer, require_layer
 from wrappers.anchor import AnchorWrapper, GroupBook, VectorAnchorWrapper
 from wrappers.calibration import (
     CalibrationConfig,
+    Calibrator,
     CalibrationWrapper,
     VectorCalibrationWrapper,
     load_stack_state_dict,
@@ -26,6 +31,7 @@ from wrappers.calibration import (
 from wrappers.debiasing import OnlineDebiaser
 from wrappers.denoising import InverseVarianceWeighter
 from wrappers.scheduling import AnchorScheduler
+from wrappers.stack import STACKS, build_stack
 from wrappers.world_model import MODES, GradingCounters, VectorWorldModelWrapper, WorldModelWrapper
 
 __all__ = [
@@ -36,6 +42,7 @@ __all__ = [
     "CalibrationWrapper",
     "VectorCalibrationWrapper",
     "CalibrationConfig",
+    "Calibrator",
     "AnchorScheduler",
     "OnlineDebiaser",
     "InverseVarianceWeighter",
@@ -44,4 +51,8 @@ __all__ = [
     "MODES",
     "stack_state_dict",
     "load_stack_state_dict",
+    "build_stack",
+    "STACKS",
+    "find_layer",
+    "require_layer",
 ]

@@ -36,9 +36,11 @@ from typing import Any, Callable, Hashable, Iterable, Mapping
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.utils import RecordConstructorArgs
 from gymnasium.vector import VectorEnv, VectorWrapper
 
-from wrappers._common import VectorSteps, find_wrapper, json_key, put_info, sub_info
+from wrappers._common import VectorSteps, require_layer, json_key, known_info, put_info, sub_info
+from wrappers._record import record_constructor_args
 from wrappers.scheduling import AnchorScheduler
 from wrappers.world_model import VectorWorldModelWrapper, WorldModelWrapper
 
@@ -138,6 +140,22 @@ class _AnchorCore:
         self.auto_group_size = auto_group_size
         self.anchor_auto_groups = anchor_auto_groups
         self._auto = 0  # automatic groups opened so far
+        self._graded: set[Hashable] = set()  # open groups with a member already graded by the world model
+        #: Called with no argument at every :meth:`begin_step` (the calibration layer's step boundary).
+        self.step_listeners: list[Callable[[], None]] = []
+
+    def begin_step(self, group_ids: Iterable[Hashable]) -> frozenset:
+        """Decide a training step's groups at once, then tell the step listeners."""
+        anchors = self.scheduler.begin_step(group_ids)
+        for listener in self.step_listeners:
+            listener()
+        return anchors
+
+    @property
+    def graded_groups_open(self) -> bool:
+        """True while some open group has a member already graded by the world model (so a
+        new calibration map now would calibrate that group's members by two maps)."""
+        return bool(self._graded)
 
     def start(self, slot: int, group_id: Hashable | None, size: int | None) -> dict[str, Any]:
         """A new episode in ``slot``; returns the info keys for its reset."""
@@ -164,6 +182,8 @@ class _AnchorCore:
         wm, cal, true = info.get("wm_score"), info.get("calibrated_score"), info.get("true_score")
         member.calibrated = _max(member.calibrated, cal)
         member.true = _max(member.true, true)
+        if wm is not None:
+            self._graded.add(member.group_id)
         extra: dict[str, Any] = {
             "group_id": member.group_id,
             "anchor": member.anchor,
@@ -191,15 +211,22 @@ class _AnchorCore:
         if result is not None:
             result["anchor"] = member.anchor
             self.scheduler.release(member.group_id)
+            self._graded.discard(member.group_id)
         return result
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scheduler": self.scheduler.state_dict(), "groups": self.book.state_dict(), "auto": self._auto}
+        return {
+            "scheduler": self.scheduler.state_dict(),
+            "groups": self.book.state_dict(),
+            "auto": self._auto,
+            "graded": list(self._graded),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
         self.book.load_state_dict(state["groups"])
         self._auto = int(state["auto"])
+        self._graded = {json_key(g) for g in state.get("graded", [])}
         self.members = [None] * len(self.members)  # episodes in flight died with the old process
 
 
@@ -226,8 +253,11 @@ class _AnchorBase:
         return self._core.scheduler
 
     def begin_step(self, group_ids: Iterable[Hashable]) -> frozenset:
-        """Decide a training step's groups at once (see :meth:`AnchorScheduler.begin_step`)."""
-        return self._core.scheduler.begin_step(group_ids)
+        """Decide a training step's groups at once (see :meth:`AnchorScheduler.begin_step`).
+
+        This is also the step boundary of the calibration layer above, which refits its map
+        (when due) here, so that no group is calibrated by two maps."""
+        return self._core.begin_step(group_ids)
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state: the scheduler (RNG, counters, decisions) and open groups."""
@@ -237,7 +267,7 @@ class _AnchorBase:
         self._core.load_state_dict(state)
 
 
-class AnchorWrapper(_AnchorBase, gym.Wrapper):
+class AnchorWrapper(_AnchorBase, gym.Wrapper, RecordConstructorArgs):
     __doc__ = (
         """Marks a seeded share of GRPO groups as anchors, graded for real as well as by the world model.
 
@@ -279,8 +309,13 @@ class AnchorWrapper(_AnchorBase, gym.Wrapper):
         auto_group_size: int = 1,
         anchor_auto_groups: bool = True,
     ) -> None:
+        record_constructor_args(
+            self, fraction=fraction, min_per_step=min_per_step, max_concurrent=max_concurrent, seed=seed,
+            groups_per_step=groups_per_step, group_size=group_size, auto_group_size=auto_group_size,
+            anchor_auto_groups=anchor_auto_groups,
+        )  # fmt: skip
         super().__init__(env)
-        wm = find_wrapper(env, WorldModelWrapper, needed_by="AnchorWrapper")
+        wm = require_layer(env, WorldModelWrapper, needed_by="AnchorWrapper")
         scheduler = AnchorScheduler(fraction, min_per_step, max_concurrent, seed, groups_per_step)
         self.group_size = group_size
 
@@ -293,15 +328,15 @@ class AnchorWrapper(_AnchorBase, gym.Wrapper):
         options = dict(options or {})
         size = options.pop("group_size", self.group_size)
         obs, info = self.env.reset(seed=seed, options=options)  # first: a refused reset joins no group
-        return obs, {**info, **self._core.start(0, options.get("group_id"), size)}
+        return obs, {**info, **known_info(self._core.start(0, options.get("group_id"), size))}
 
     def step(self, action: Any):
         obs, reward, terminated, truncated, info = self.env.step(action)
         extra = self._core.step(0, info, bool(terminated or truncated))
-        return obs, reward, terminated, truncated, {**info, **extra}
+        return obs, reward, terminated, truncated, {**info, **known_info(extra)}
 
 
-class VectorAnchorWrapper(_AnchorBase, VectorWrapper):
+class VectorAnchorWrapper(_AnchorBase, VectorWrapper, RecordConstructorArgs):
     __doc__ = (
         """The vector form of :class:`AnchorWrapper` (wraps a
     :class:`~wrappers.world_model.VectorWorldModelWrapper`).
@@ -332,8 +367,12 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper):
         auto_group_size: int = 1,
         anchor_auto_groups: bool = True,
     ) -> None:
+        record_constructor_args(
+            self, fraction=fraction, min_per_step=min_per_step, max_concurrent=max_concurrent, seed=seed,
+            groups_per_step=groups_per_step, auto_group_size=auto_group_size, anchor_auto_groups=anchor_auto_groups,
+        )  # fmt: skip
         super().__init__(env)
-        wm = find_wrapper(env, VectorWorldModelWrapper, needed_by="VectorAnchorWrapper")
+        wm = require_layer(env, VectorWorldModelWrapper, needed_by="VectorAnchorWrapper")
         scheduler = AnchorScheduler(fraction, min_per_step, max_concurrent, seed, groups_per_step)
         self._core = _AnchorCore(scheduler, self.num_envs, wm.set_mode, auto_group_size, anchor_auto_groups)
         self._steps = VectorSteps(env)

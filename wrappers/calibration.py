@@ -1,45 +1,74 @@
 """Calibration of world-model rewards from anchor groups: Online Debiasing and
 Inverse-Variance Denoising (the paper's two corrections).
 
-The wrapper installs an :class:`~wrappers.debiasing.OnlineDebiaser` as the
+The corrections live in :class:`Calibrator`, a plain, serialisable object that both wrapper
+forms use and that experiments can drive directly (``benchmarks/ablation.py`` does). The
+wrapper installs the calibrator's :class:`~wrappers.debiasing.OnlineDebiaser` as the
 :attr:`~wrappers.world_model.WorldModelWrapper.score_transform` of the world-model wrapper
 below it, so *every* world-model score passes through the isotonic map before the env
 turns it into a reward. It feeds the map with the anchor pairs the
 :class:`~wrappers.anchor.AnchorWrapper` below reports, and feeds an
 :class:`~wrappers.denoising.InverseVarianceWeighter` with each complete anchor group's
 calibrated and true member scores once the map has been fitted (before that the scores
-are not calibrated yet, and the weight stays exactly 1.0).
+are not calibrated yet, and the weight stays exactly 1.0; ``weighter_start="first-anchor"``
+observes from the first anchor group instead, as the reference implementation does).
+
+**Step boundaries.** Anchor pairs are stored as they arrive, but the map is refitted only at
+a step boundary, so the members of one GRPO group are always calibrated by the same map
+(a refit between two members' gradings would give them different maps, and the group's
+advantages would mix them). A boundary is:
+
+* every ``begin_step`` call on the anchor layer (the GRPO trainer announces each step's
+  groups there, after the previous step's groups have all finished); once a loop has
+  called it, only these calls are boundaries, so single-env and vector stacks driven by
+  the same trainer refit at exactly the same moments;
+* in a loop that never calls ``begin_step`` (a plain SB3 / Gymnasium loop), any moment at
+  which no open group has a member graded by the world model yet, e.g. after every
+  episode of a single-env loop with automatic groups. A vector loop whose multi-turn
+  episodes always overlap never reaches such a moment; it should call ``begin_step``.
+
+A refit due at a boundary applies the pairs gathered up to it; :meth:`Calibrator.state_dict`
+holds the pairs, the map, the weighter and whether the loop announces steps, so a resumed
+run refits at the same boundaries.
 
 Stack order, outermost first: ``CalibrationWrapper(AnchorWrapper(WorldModelWrapper(env)))``.
 
-Classes: :class:`CalibrationConfig`, :class:`CalibrationWrapper`,
+Classes: :class:`CalibrationConfig`, :class:`Calibrator`, :class:`CalibrationWrapper`,
 :class:`VectorCalibrationWrapper`. Functions: :func:`stack_state_dict`,
-:func:`load_stack_state_dict`.
+:func:`load_stack_state_dict`. Constant: :data:`WEIGHTER_STARTS`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.utils import RecordConstructorArgs
 from gymnasium.vector import VectorEnv, VectorWrapper
 
-from wrappers._common import VectorSteps, find_optional, find_wrapper, put_info, sub_info
-from wrappers.anchor import AnchorWrapper, VectorAnchorWrapper, _AnchorBase
+from wrappers._common import VectorSteps, find_layer, require_layer, known_info, put_info, sub_info
+from wrappers._record import record_constructor_args
+from wrappers.anchor import AnchorWrapper, VectorAnchorWrapper, _AnchorBase, _AnchorCore
 from wrappers.debiasing import OnlineDebiaser
 from wrappers.denoising import InverseVarianceWeighter
 from wrappers.world_model import VectorWorldModelWrapper, WorldModelWrapper, _WorldModelBase
 
 __all__ = [
     "CalibrationConfig",
+    "Calibrator",
+    "WEIGHTER_STARTS",
     "CalibrationWrapper",
     "VectorCalibrationWrapper",
     "stack_state_dict",
     "load_stack_state_dict",
 ]
+
+
+#: When the Inverse-Variance weighter starts observing (see :class:`CalibrationConfig`).
+WEIGHTER_STARTS = ("after-fit", "first-anchor")
 
 
 @dataclass(frozen=True)
@@ -58,6 +87,16 @@ class CalibrationConfig:
             still fitted (``calibrated`` reports it) but rewards keep the raw scores.
         denoise: update the anchor weight. With ``False`` it stays exactly 1.0. The two
             switches give the ablation's four settings on the same reward stream.
+        weighter_start: when the weighter starts observing anchor groups (one of
+            :data:`WEIGHTER_STARTS`). ``"after-fit"`` (default): once the map has been
+            fitted, so the EMA and the frozen scale measure the *calibrated* world model's
+            residual, which is the quantity the paper's rule rho = 1 + eta^2 / eta^2_cal is
+            about, and the weight is exactly 1.0 until calibration. ``"first-anchor"``: from
+            the first anchor group, as the paper's reference implementation does; the
+            pre-fit groups then measure the raw world model's disagreement (bias
+            included), so with the paper's constants (32 groups to freeze, 200 pairs to
+            fit) the scale freezes on raw disagreement and the weight falls below 2 as the
+            map removes the bias.
     """
 
     start_pairs: int = 200
@@ -69,6 +108,11 @@ class CalibrationConfig:
     max_weight: float = 4.0
     debias: bool = True
     denoise: bool = True
+    weighter_start: str = "after-fit"
+
+    def __post_init__(self) -> None:
+        if self.weighter_start not in WEIGHTER_STARTS:
+            raise ValueError(f"weighter_start must be one of {WEIGHTER_STARTS}, got {self.weighter_start!r}")
 
     def debiaser(self) -> OnlineDebiaser:
         return OnlineDebiaser(self.start_pairs, self.refit_every, self.max_pairs)
@@ -81,15 +125,83 @@ class CalibrationConfig:
 _READS = ("anchor_pairs", "group_result")
 
 
-class _CalibrationCore:
-    """Feeds the debiaser and the weighter from the info of one step (both forms)."""
+class Calibrator:
+    """Online Debiasing and Inverse-Variance Denoising on a stream of anchor groups: the core
+    both wrapper forms use, usable without any env (experiments, other RL loops).
 
-    def __init__(self, config: CalibrationConfig) -> None:
-        self.config = config
-        self.debiaser = config.debiaser()
-        self.weighter = config.weighter()
+    Per training step: call :meth:`begin_step` (the boundary at which a due refit happens),
+    calibrate the step's world-model scores with :meth:`transform`, reward anchor groups with
+    their true scores and multiply their advantages by :attr:`anchor_weight`; when an anchor
+    group is complete, feed its pairs and its members' calibrated and true scores with
+    :meth:`observe_group` (or the anchor layer's info with :meth:`step`).
+
+    Args:
+        config: a :class:`CalibrationConfig` (default: the paper's constants).
+
+    >>> cal = Calibrator(CalibrationConfig(start_pairs=4, freeze_after=1))
+    >>> cal.transform([0.3, None]), cal.anchor_weight
+    ([0.3, None], 1.0)
+    >>> _ = cal.observe_group([0.6, 0.7, 0.8, 0.9], [0.0, 0.2, 0.5, 1.0])  # the map is due ...
+    >>> cal.debiaser.fitted
+    False
+    >>> cal.begin_step()  # ... and fitted at the next step boundary
+    True
+    >>> cal.transform([0.6, 0.9])
+    [0.0, 1.0]
+    """
+
+    def __init__(self, config: CalibrationConfig | None = None) -> None:
+        self.config = config or CalibrationConfig()
+        self.debiaser = self.config.debiaser()
+        self.weighter = self.config.weighter()
+        self.steps_announced = False  # True once begin_step was called: only its calls are boundaries
+
+    @property
+    def score_transform(self) -> OnlineDebiaser | None:
+        """What the world-model layer applies to its scores: the map when ``debias``, else ``None``."""
+        return self.debiaser if self.config.debias else None
+
+    def transform(self, scores: Sequence[float | None]) -> list[float | None]:
+        """World-model scores as they become rewards: mapped when ``debias``, else unchanged."""
+        return self.debiaser.transform(scores) if self.config.debias else [None if s is None else float(s) for s in scores]
+
+    @property
+    def anchor_weight(self) -> float:
+        """The anchor groups' advantage multiplier (exactly 1.0 with ``denoise=False``)."""
+        return self.weighter.weight
+
+    def begin_step(self) -> bool:
+        """A training step begins: refit the map if due. Returns True if it refitted."""
+        self.steps_announced = True
+        return self.debiaser.refit_if_due()
+
+    def idle_boundary(self) -> bool:
+        """A boundary of a loop that does not announce steps (no open group is graded);
+        ignored once :meth:`begin_step` has been called. Returns True if it refitted."""
+        return False if self.steps_announced else self.debiaser.refit_if_due()
+
+    def add_pairs(self, pairs: Iterable[Sequence[float | None]]) -> None:
+        """Store anchor ``(raw wm_score, true_score)`` pairs (the map refits at a boundary)."""
+        self.debiaser.add(pairs, refit=False)
+
+    def observe_result(self, calibrated: Sequence[float | None], true: Sequence[float | None]) -> bool:
+        """A complete anchor group's members: their calibrated world-model and true scores.
+        Returns True if the weighter used it (``denoise`` on, started, not degenerate)."""
+        started = self.debiaser.fitted or self.config.weighter_start == "first-anchor"
+        return bool(self.config.denoise and started and self.weighter.observe(calibrated, true))
+
+    def observe_group(self, wm: Sequence[float | None], true: Sequence[float | None]) -> bool:
+        """A complete anchor group graded by both sources: store its pairs and observe its
+        calibrated-vs-true disagreement, the group calibrated as :meth:`transform` does now.
+        Returns what :meth:`observe_result` returns."""
+        if len(wm) != len(true):
+            raise ValueError(f"wm ({len(wm)}) and true ({len(true)}) scores differ in length")
+        calibrated = self.transform(wm)
+        self.add_pairs(zip(wm, true))
+        return self.observe_result(calibrated, true)
 
     def info(self) -> dict[str, Any]:
+        """The info keys the wrappers report (see their docstrings)."""
         return {
             "anchor_weight": self.weighter.weight,
             "calibrated": self.debiaser.fitted,
@@ -97,22 +209,37 @@ class _CalibrationCore:
         }
 
     def step(self, info: Mapping[str, Any]) -> dict[str, Any]:
-        self.debiaser.add(info.get("anchor_pairs") or ())
+        """Feed the anchor layer's info of one step (``anchor_pairs``, ``group_result``);
+        returns :meth:`info`."""
+        self.add_pairs(info.get("anchor_pairs") or ())
         result = info.get("group_result")
-        if self.config.denoise and result is not None and result["anchor"] and self.debiaser.fitted:
-            self.weighter.observe(result["calibrated"], result["true"])
+        if result is not None and result["anchor"]:
+            self.observe_result(result["calibrated"], result["true"])
         return self.info()
 
     def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state: the config, the pairs and map, the weighter, the boundary mode."""
         return {
             "config": dataclasses.asdict(self.config),
             "debiaser": self.debiaser.state_dict(),
             "weighter": self.weighter.state_dict(),
+            "steps_announced": self.steps_announced,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (the debiaser's and weighter's configs must match)."""
         self.debiaser.load_state_dict(state["debiaser"])
         self.weighter.load_state_dict(state["weighter"])
+        self.steps_announced = bool(state.get("steps_announced", False))
+
+
+def _attach(calibrator: Calibrator, anchor: _AnchorBase, world_model: _WorldModelBase) -> _AnchorCore:
+    """Install the map below and listen to the anchor layer's ``begin_step``; returns its core."""
+    if calibrator.score_transform is not None:
+        world_model.score_transform = calibrator.score_transform
+    core = anchor._core
+    core.step_listeners.append(calibrator.begin_step)
+    return core
 
 
 _INFO_DOC = """
@@ -135,7 +262,13 @@ def _make_config(config: CalibrationConfig | None, overrides: dict[str, Any]) ->
 
 
 class _CalibrationBase:
-    _core: _CalibrationCore
+    _core: Calibrator
+    _anchor: _AnchorCore
+
+    @property
+    def calibrator(self) -> Calibrator:
+        """The :class:`Calibrator` this wrapper drives."""
+        return self._core
 
     @property
     def debiaser(self) -> OnlineDebiaser:
@@ -149,6 +282,10 @@ class _CalibrationBase:
     def anchor_weight(self) -> float:
         return self._core.weighter.weight
 
+    def _idle_boundary(self) -> None:
+        if not self._anchor.graded_groups_open:
+            self._core.idle_boundary()
+
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state: the config, the pairs, the map, the EMA and the frozen scale."""
         return self._core.state_dict()
@@ -157,7 +294,7 @@ class _CalibrationBase:
         self._core.load_state_dict(state)
 
 
-class CalibrationWrapper(_CalibrationBase, gym.Wrapper):
+class CalibrationWrapper(_CalibrationBase, gym.Wrapper, RecordConstructorArgs):
     __doc__ = (
         """Online Debiasing and Inverse-Variance Denoising for a single env.
 
@@ -165,7 +302,11 @@ class CalibrationWrapper(_CalibrationBase, gym.Wrapper):
         env: ``AnchorWrapper(WorldModelWrapper(...))`` (other wrappers may sit between).
         config: a :class:`CalibrationConfig`; keyword overrides (``start_pairs=``,
             ``refit_every=``, ``max_pairs=``, ``half_life=``, ``freeze_after=``,
-            ``weight_at_freeze=``, ``max_weight=``) replace its fields.
+            ``weight_at_freeze=``, ``max_weight=``, ``debias=``, ``denoise=``,
+            ``weighter_start=``) replace its fields.
+
+    The map refits at step boundaries only (module docstring): the trainer's ``begin_step``
+    on the anchor layer, or, in loops that never call it, a moment with no graded group open.
 """
         + _INFO_DOC
         + """
@@ -177,22 +318,26 @@ class CalibrationWrapper(_CalibrationBase, gym.Wrapper):
     )
 
     def __init__(self, env: gym.Env, config: CalibrationConfig | None = None, **overrides: Any) -> None:
+        record_constructor_args(self, config=config, **overrides)
         super().__init__(env)
-        find_wrapper(env, AnchorWrapper, needed_by="CalibrationWrapper")
-        self._core = _CalibrationCore(_make_config(config, overrides))
-        if self._core.config.debias:
-            find_wrapper(env, WorldModelWrapper, needed_by="CalibrationWrapper").score_transform = self._core.debiaser
+        anchor = require_layer(env, AnchorWrapper, needed_by="CalibrationWrapper")
+        self._core = Calibrator(_make_config(config, overrides))
+        self._anchor = _attach(self._core, anchor, require_layer(env, WorldModelWrapper, needed_by="CalibrationWrapper"))
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         obs, info = self.env.reset(seed=seed, options=options)
-        return obs, {**info, **self._core.step(info)}  # a reset may complete a group (abandoned member)
+        self._core.step(info)  # a reset may complete a group (abandoned member)
+        self._idle_boundary()
+        return obs, {**info, **known_info(self._core.info())}
 
     def step(self, action: Any):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        return obs, reward, terminated, truncated, {**info, **self._core.step(info)}
+        self._core.step(info)
+        self._idle_boundary()
+        return obs, reward, terminated, truncated, {**info, **known_info(self._core.info())}
 
 
-class VectorCalibrationWrapper(_CalibrationBase, VectorWrapper):
+class VectorCalibrationWrapper(_CalibrationBase, VectorWrapper, RecordConstructorArgs):
     __doc__ = (
         """The vector form of :class:`CalibrationWrapper` (over
     ``VectorAnchorWrapper(VectorWorldModelWrapper(...))``); the map acts on each batch of
@@ -208,13 +353,12 @@ class VectorCalibrationWrapper(_CalibrationBase, VectorWrapper):
     )
 
     def __init__(self, env: VectorEnv, config: CalibrationConfig | None = None, **overrides: Any) -> None:
+        record_constructor_args(self, config=config, **overrides)
         super().__init__(env)
-        find_wrapper(env, VectorAnchorWrapper, needed_by="VectorCalibrationWrapper")
-        self._core = _CalibrationCore(_make_config(config, overrides))
-        if self._core.config.debias:
-            find_wrapper(env, VectorWorldModelWrapper, needed_by="VectorCalibrationWrapper").score_transform = (
-                self._core.debiaser
-            )
+        anchor = require_layer(env, VectorAnchorWrapper, needed_by="VectorCalibrationWrapper")
+        self._core = Calibrator(_make_config(config, overrides))
+        wm = require_layer(env, VectorWorldModelWrapper, needed_by="VectorCalibrationWrapper")
+        self._anchor = _attach(self._core, anchor, wm)
         self._steps = VectorSteps(env)
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
@@ -222,6 +366,7 @@ class VectorCalibrationWrapper(_CalibrationBase, VectorWrapper):
         obs, infos = self.env.reset(seed=seed, options=options)
         for i in np.flatnonzero(mask):  # a reset may complete a group (abandoned member)
             self._core.step(sub_info(infos, i, _READS))
+        self._idle_boundary()
         report = self._core.info()
         for i in np.flatnonzero(mask):
             put_info(infos, self.num_envs, i, report)
@@ -234,6 +379,7 @@ class VectorCalibrationWrapper(_CalibrationBase, VectorWrapper):
         # First feed every sub-env's pairs and results, then report one weight to all.
         for i in np.flatnonzero(stepped):
             self._core.step(sub_info(self._steps.step_info_target(infos, ended, i), i, _READS))
+        self._idle_boundary()
         report = self._core.info()
         for i in range(self.num_envs):
             put_info(infos, self.num_envs, i, report)
@@ -266,5 +412,5 @@ def load_stack_state_dict(env: Any, state: Mapping[str, Any]) -> None:
 
 def _layers(env: Any) -> list[tuple[str, Any]]:
     """``(name, wrapper)`` for each wmrl layer present in the stack."""
-    found = [(name, find_optional(env, cls)) for name, cls in _LAYERS]
+    found = [(name, find_layer(env, cls)) for name, cls in _LAYERS]
     return [(name, layer) for name, layer in found if layer is not None]

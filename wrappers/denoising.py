@@ -20,9 +20,12 @@ exactly ``weight_at_freeze`` then; afterwards
 
 which is the paper's rule rho = 1 + eta^2 / eta^2_cal. Before the freeze the weight is
 exactly 1.0. If the EMA is exactly 0 at ``freeze_after`` (a perfect world model), the
-freeze waits for the first non-zero EMA.
+freeze waits for the first non-zero EMA. A disagreement below :data:`ROUNDING_TOL` is
+rounding, not disagreement, and counts as exactly 0: an isotonic map fitted on a perfect
+world model's pairs reproduces the true scores up to ~1e-17, and freezing the scale on such
+an EMA would let the next rounding residual pin the weight at ``max_weight``.
 
-Classes: :class:`InverseVarianceWeighter`. Constant: :data:`DEGENERATE_STD`.
+Classes: :class:`InverseVarianceWeighter`. Constants: :data:`DEGENERATE_STD`, :data:`ROUNDING_TOL`.
 """
 
 from __future__ import annotations
@@ -31,13 +34,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["InverseVarianceWeighter", "DEGENERATE_STD"]
+__all__ = ["InverseVarianceWeighter", "DEGENERATE_STD", "ROUNDING_TOL"]
 
 _STATE_VERSION = 1
 
 #: Groups whose true scores have a (population) standard deviation at or below this are
 #: degenerate (the same tolerance as the ``eps`` of :func:`agents.grpo.group_advantages`).
 DEGENERATE_STD = 1e-6
+
+#: Normalised disagreements below this are floating-point rounding and count as exactly 0.
+ROUNDING_TOL = 1e-12
 
 
 class InverseVarianceWeighter:
@@ -121,7 +127,8 @@ class InverseVarianceWeighter:
         if var_t <= DEGENERATE_STD**2:  # degenerate: equal up to rounding, no signal to compare against
             return None
         resid = (w - w.mean()) - (t - t.mean())
-        return float(np.mean(resid**2) / var_t)
+        d = float(np.mean(resid**2) / var_t)
+        return 0.0 if d < ROUNDING_TOL else d
 
     def observe(self, calibrated: Sequence[float | None], true: Sequence[float | None]) -> bool:
         """Feed one complete anchor group. Returns False if it was skipped."""

@@ -28,12 +28,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import gymnasium as gym
+from gymnasium.utils import RecordConstructorArgs
 from gymnasium.vector import VectorEnv, VectorWrapper
 from gymnasium.vector.utils import iterate
 
 from wmrl_envs.outcome import Outcome
 from wmrl_envs.seam import GRADE_FOR_REAL, GradingRequest, OutcomeSeam
-from wrappers._common import VectorSteps, put_info, sub_info
+from wrappers._common import VectorSteps, known_info, put_info, sub_info
+from wrappers._record import record_constructor_args
 
 if TYPE_CHECKING:  # the protocol only; any object with predict() works
     from wmrl_envs.world_models.base import WorldModel
@@ -181,7 +183,7 @@ class _WorldModelBase:
         self.counters.load(state["counters"])
 
 
-class WorldModelWrapper(_WorldModelBase, gym.Wrapper):
+class WorldModelWrapper(_WorldModelBase, gym.Wrapper, RecordConstructorArgs):
     """Grades a single env's actions with a world model (``mode="wm"``), with both the world
     model and real execution (``"both"``), or for real only (``"env"``).
 
@@ -213,6 +215,7 @@ class WorldModelWrapper(_WorldModelBase, gym.Wrapper):
     """
 
     def __init__(self, env: gym.Env, world_model: "WorldModel", mode: str = "wm") -> None:
+        record_constructor_args(self, world_model=world_model, mode=mode)  # by reference: see wrappers._record
         super().__init__(env)
         if not isinstance(env.unwrapped, OutcomeSeam):
             raise TypeError(f"WorldModelWrapper needs an OutcomeSeam env, got {type(env.unwrapped).__name__}")
@@ -242,12 +245,11 @@ class WorldModelWrapper(_WorldModelBase, gym.Wrapper):
         if mode is not None:
             self.env.set_wrapper_attr("pending_outcome", calibrated if mode == "wm" else real)
         obs, reward, terminated, truncated, info = self.env.step(action)
-        info = dict(info)
-        info.update(_grading_info(mode, raw, calibrated, real, real_seconds, wm_seconds, self.counters))
+        info = {**info, **known_info(_grading_info(mode, raw, calibrated, real, real_seconds, wm_seconds, self.counters))}
         return obs, reward, terminated, truncated, info
 
 
-class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper):
+class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper, RecordConstructorArgs):
     """The vector form of :class:`WorldModelWrapper`: one batched ``predict`` call per vector
     step for all sub-envs that need a world-model grade.
 
@@ -255,8 +257,8 @@ class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper):
     ``call("pending_grading_request")``; outcomes go back with one
     ``set_attr("pending_outcome", [...])``. Sub-envs in ``"both"`` / ``"env"`` mode grade
     for real inside their own ``step`` (in parallel under ``AsyncVectorEnv``), so the real
-    outcome is read from the env's ``info["outcome"]`` (docs/contracts.md); an env that
-    does not report it cannot be used with those modes here.
+    outcome is read from the env's ``info["outcome"]`` (docs/contracts.md); a step without one
+    is graded as unknown.
 
     Args:
         env: a ``VectorEnv`` whose sub-envs are OutcomeSeam envs.
@@ -275,6 +277,7 @@ class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper):
     """
 
     def __init__(self, env: VectorEnv, world_model: "WorldModel", mode: str = "wm") -> None:
+        record_constructor_args(self, world_model=world_model, mode=mode)
         super().__init__(env)
         self._grader = _Grader(world_model)
         self.modes: list[str] = [_check_mode(mode)] * self.num_envs
@@ -319,14 +322,8 @@ class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper):
                 continue  # this sub-env autoreset instead of stepping
             target = self._steps.step_info_target(infos, ended, i)
             real = None
-            if modes[i] in ("both", "env"):
-                env_info = sub_info(target, i, ("outcome",))
-                if "outcome" not in env_info:
-                    raise KeyError(
-                        "VectorWorldModelWrapper: mode 'both'/'env' reads the real outcome from the env's "
-                        "info['outcome'] (docs/contracts.md), which this env did not report"
-                    )
-                real = env_info["outcome"]
+            if modes[i] in ("both", "env"):  # no info['outcome'] = unknown (docs/contracts.md)
+                real = sub_info(target, i, ("outcome",)).get("outcome")
             extra = _grading_info(
                 modes[i],
                 raw[i],
