@@ -60,42 +60,107 @@ def test_speedup_minimal_run_is_internally_consistent(tmp_path, capsys):
         assert 0.0 <= r["heldout_valid_rate"] <= 1.0
 
 
+# ------------------------------------------------------------------ ablation
+SMALL_CAL = dict(calibration_start_pairs=24, calibration_refit_every=8, calibration_half_life=8.0, calibration_freeze_after=3)
+
+
 def _ablation_args(run_dir, *extra):
-    return ["ablation", "--run-dir", str(run_dir), "--no-progress", "--steps", "24", "--groups-per-step", "5",
-            "--anchor-fraction", "0.2", "--calibration-start-pairs", "8", "--calibration-refit-every", "4",
-            "--calibration-half-life", "4", "--calibration-freeze-after", "2", "--seeds", "0", "1", *extra]  # fmt: skip
+    return ["ablation", "--run-dir", str(run_dir), "--no-progress", "--seeds", "0", "1", "--steps", "30",
+            "--gradient-states", "0", "--gradient-warmup", "30", "--gradient-batches", "20", "--reference-batches", "60",
+            "--calibration-start-pairs", "24", "--calibration-refit-every", "8", "--calibration-half-life", "8",
+            "--calibration-freeze-after", "3", *extra]  # fmt: skip
 
 
-def test_ablation_minimal_run_lists_every_variant_and_shares_streams(tmp_path):
+def test_ablation_minimal_run_reports_every_variant_for_both_normalisations(tmp_path):
     run_dir = tmp_path / "ablation"
     assert main(_ablation_args(run_dir)) == 0
     result, markdown, _ = _read(run_dir)
-    assert (run_dir / "ablation.png").stat().st_size > 0 and (run_dir / "ablation_curves.png").stat().st_size > 0
-    rows = {(r["world_model"], r["variant"]): r for r in result["summary"]}
-    for wm in ("learned", "noisy-oracle"):
-        for variant in ("none", "denoise", "debias", "both", "wm-only"):
-            row = rows[(wm, variant)]
-            assert row["seeds"] == 2 and f"| {wm} | {variant} |" in markdown
-            assert -1.0 <= row["cosine"] <= 1.0 and row["rmse"] >= 0.0
-        # Same anchors for every anchored variant; none for the reference without anchors.
-        shares = {rows[(wm, v)]["anchor_share"] for v in ("none", "denoise", "debias", "both")}
-        assert len(shares) == 1 and shares.pop() == pytest.approx(0.2)
-        assert rows[(wm, "wm-only")]["anchor_share"] == 0.0
-        assert rows[(wm, "none")]["final_weight"] == 1.0 and rows[(wm, "debias")]["final_weight"] == 1.0
-        assert rows[(wm, "both")]["fitted_at_step"] is not None
+    assert (run_dir / "ablation_gradient.png").stat().st_size > 0 and (run_dir / "ablation_training.png").stat().st_size > 0
+    assert "**GRPO (std-scaled advantages)**" in markdown and "**Dr.GRPO (centred advantages, no std)**" in markdown
+    rows = {(r["world_model"], r["normalisation"], r["variant"]): r for r in result["summary"]}
+    assert len(rows) == 2 * 2 * 6
+    for (wm, norm, variant), row in rows.items():
+        assert row["seeds"] == 2 and f"| {wm} | {variant} |" in markdown
+        assert 0.0 <= row["grad_err"] <= 1.0 and 0.0 <= row["heldout_score"] <= 1.0
+        if variant in ("none", "debias", "wm-only", "real"):
+            assert row["final_weight"] == 1.0  # no denoising: the weight never moves
+        if variant in ("none", "denoise", "debias", "both"):
+            assert row["fitted_at_step"] is not None  # 30 steps x >= 1 anchor group x 4 > 24 pairs
+    uniform = result["uniform_policy_score"]["heldout"]
+    assert rows[("learned", "std", "real")]["heldout_score"] > uniform  # the policy learns
 
 
-def test_ablation_with_an_exact_world_model_matches_real_execution(tmp_path):
-    """An unbiased noiseless oracle gives exactly the real advantages: cosine 1, RMSE 0 for
-    the variants without a map (the weight stays exactly 1: zero disagreement never freezes its scale).
-    The isotonic map is not the identity outside the range of scores it has seen (it clips)."""
-    run_dir = tmp_path / "exact"
-    args = _ablation_args(run_dir, "--world-models", "noisy-oracle", "--oracle-bias", "identity", "--oracle-sigma", "0")
-    assert main(args) == 0
-    rows = {r["variant"]: r for r in _read(run_dir)[0]["summary"]}
-    for variant in ("none", "denoise", "wm-only"):
-        assert rows[variant]["final_weight"] == 1.0
-        assert rows[variant]["cosine"] == pytest.approx(1.0) and rows[variant]["rmse"] == pytest.approx(0.0, abs=1e-9)
+def _small(**changes):
+    from benchmarks.ablation import AblationConfig
+
+    base = dict(seeds=(0,), steps=10, gradient_warmup=60, gradient_batches=120, reference_batches=600, **SMALL_CAL)
+    return AblationConfig(**{**base, **changes})
+
+
+def _gradient_errors(config):
+    import numpy as np
+
+    from benchmarks.ablation import SoftmaxPolicy, _reference, _scorer, gradient_error, load_tasks
+
+    train, _ = load_tasks(config)
+    policy = SoftmaxPolicy(len(train.vocabulary))
+    reference = _reference(policy, train, config, config.normalisations, np.random.default_rng(5))
+    return gradient_error(config, train, _scorer("noisy-oracle", config, train, 0, None), 0, policy, reference)
+
+
+def test_ablation_policy_gradient_is_the_grpo_loss_gradient():
+    """The closed form used for measure (a) equals minus the autograd gradient of
+    agents.grpo.grpo_loss over the same members (zero advantages dropped as the trainer does)."""
+    import numpy as np
+
+    from benchmarks.ablation import AnchorScheduler, SoftmaxPolicy, _Arm, _draw, _loss, _scorer, load_tasks, policy_gradient
+
+    config = _small(oracle_sigma=0.2)
+    train, _ = load_tasks(config)
+    policy = SoftmaxPolicy(len(train.vocabulary))
+    policy.theta.data[:] = torch_randn(len(train.vocabulary))
+    batch = _draw(policy, train, _scorer("noisy-oracle", config, train, 0, None), AnchorScheduler(0.3, seed=1), config, np.random.default_rng(2))
+    for norm in ("std", "centred"):
+        adv = _Arm("none", config).advantages(batch, norm)
+        policy.theta.grad = None
+        _loss(policy, train, batch, adv).backward()
+        assert np.allclose(policy_gradient(train, batch, adv, len(train.vocabulary)), -policy.theta.grad.numpy(), atol=1e-12)
+
+
+def torch_randn(n):
+    import torch
+
+    return torch.randn(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+
+def test_ablation_with_a_perfect_world_model_every_variant_has_the_real_gradient():
+    """An unbiased noiseless oracle: every variant's batch gradients are real execution's
+    (exactly for the variants without a map; the map is the identity on the scores it has
+    seen), so every gradient error equals the `real` row and the bias is at its noise floor."""
+    errors = _gradient_errors(_small(oracle_bias="identity", oracle_sigma=0.0))
+    for norm in ("std", "centred"):
+        real = errors[("real", norm)]
+        assert real["grad_dir_bias"] < 0.01
+        for variant in ("none", "denoise", "wm-only"):
+            assert errors[(variant, norm)] == real
+        for variant in ("debias", "both"):
+            assert errors[(variant, norm)]["grad_err"] == pytest.approx(real["grad_err"], abs=0.01)
+            assert errors[(variant, norm)]["grad_dir_bias"] < 0.01
+            assert errors[(variant, norm)]["weight_at_measure"] < 1.01  # (almost) no disagreement: (almost) no weight
+
+
+def test_ablation_debiasing_removes_a_known_bias_from_the_gradient():
+    """A noiseless oracle with a strongly non-linear monotone bias (r -> r^4): GRPO's centring
+    and std scaling cannot cancel it, the isotonic map can. Debiasing brings the gradient's
+    direction bias down to real execution's noise floor; without it the bias stays."""
+    errors = _gradient_errors(_small(oracle_bias="power:4", oracle_sigma=0.0))
+    for norm in ("std", "centred"):
+        floor = errors[("real", norm)]["grad_dir_bias"]
+        for variant in ("none", "wm-only"):
+            assert errors[(variant, norm)]["grad_dir_bias"] > floor + 0.02, (variant, norm, errors[(variant, norm)])
+        for variant in ("debias", "both"):
+            assert errors[(variant, norm)]["grad_dir_bias"] < floor + 0.005
+            assert errors[(variant, norm)]["grad_err"] < errors[("none", norm)]["grad_err"]
 
 
 def test_fidelity_minimal_run(tmp_path):
