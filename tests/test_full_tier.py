@@ -191,11 +191,13 @@ def test_world_model_size_features_see_dense_one_hot_against_the_memory_limit():
     ctx = flat_context(grading_context(task))
     dense = summarize_script(pool["ridge_10.0"], task.task_type)
     trees = summarize_script(pool["rf_100"], task.task_type)
-    (n_dense, rows, cells, share, risk, per_second), tokens = size_features(ctx, dense)
+    (n_dense, rows, cells, share, over, per_second), tokens = size_features(ctx, dense)
     expected = 8 * task.stats["n_train"] * task.stats["onehot_width"] / (2 << 30)
     assert len(SIZE_FEATURES) == 6 and n_dense == 1 and share == pytest.approx(expected) and share > 1  # one dense copy exceeds 2 GiB
-    assert risk == share and rows == pytest.approx(math.log10(task.stats["n_train"])) and per_second == task.stats["n_train"] / 120
+    assert over == 1.0 and rows == pytest.approx(math.log10(task.stats["n_train"])) and per_second == task.stats["n_train"] / 120
     assert size_features(ctx, trees)[0][4] == 0.0  # ordinal-encoded trees build no dense one-hot matrix
+    small = flat_context(grading_context(get_task("ames")))  # 74 columns, but 2,500 rows: far below the limit
+    assert size_features(small, summarize_script(reference_pool("ames")[3].code, "regression"))[0][4] == 0.0
     assert "size:dense_onehot|cells=1e8" in tokens
     assert all(math.isnan(v) for v in size_features({}, dense)[0][1:])  # unknown sizes are NaN, never 0
 
@@ -224,3 +226,20 @@ def test_fidelity_reports_status_accuracy_on_memory_and_time_failures():
     assert none.n_memory_failures == 0 and none.memory_failure_status_accuracy is None  # unknown, not 0
     assert "| status accuracy, runs out of memory |" in none.to_markdown()
     assert failure_kind(Outcome("runtime_error", 0.1, metrics={"exec_status": "error"})) is None
+
+
+def test_default_world_model_sees_memory_failures_coming_on_a_held_out_table():
+    """births_day (held out): every dense one-hot reference solution died of memory for real;
+    the shipped model predicts it, and still predicts the tree models as valid."""
+    from wmrl_envs.world_models import CodeOutcomeModel
+
+    task = get_task("births_day")
+    assert task.split == "test"
+    lines = {json.loads(line)["solution_id"]: json.loads(line) for line in (logs_root() / "births_day.jsonl").read_text().splitlines()}
+    died = [sid for sid, r in lines.items() if r["outcome"]["metrics"].get("exec_status") == "killed_memory"]
+    fine = [sid for sid in ("hgb_default", "rf_100", "tree_depth_8", "ridge_10.0") if lines[sid]["outcome"]["status"] == "valid"]
+    assert len(died) >= 5 and len(fine) == 3  # ridge on a dense one-hot of 7k levels is among the dead
+    model = CodeOutcomeModel.load_default()
+    pred = model.predict([lines[s]["context"] for s in died + fine], [lines[s]["code"] for s in died + fine])
+    assert [p.status for p in pred[: len(died)]] == ["runtime_error"] * len(died)
+    assert [p.status for p in pred[len(died):]] == ["valid"] * len(fine)

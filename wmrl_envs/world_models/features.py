@@ -17,10 +17,17 @@ The script is parsed with :mod:`ast` (never executed). Three kinds of features:
 * **size vs limits** — what decides whether a script fits its run's memory and time
   budget on a big table: log rows, log one-hot cells (``n_train x onehot_width``), the
   share of the memory limit one dense float64 copy of the one-hot-encoded training matrix
-  takes, that share again for scripts that build dense one-hot matrices
-  (``OneHotEncoder(sparse_output=False)`` / ``sparse=False``, ``pd.get_dummies``) and 0 for
-  the others, training rows per second of the time limit; plus hashed
+  takes, whether a script that builds dense one-hot matrices
+  (``OneHotEncoder(sparse_output=False)`` / ``sparse=False``, ``pd.get_dummies``) is
+  expected to exceed the limit, training rows per second of the time limit; plus hashed
   estimator-family x row-decade tokens. NaN where the context lacks the numbers.
+
+  The over-limit indicator is a prior from how the code allocates, not a fitted threshold:
+  a ``ColumnTransformer`` holds the encoder's dense block while ``np.hstack`` copies it into
+  its output, so fitting needs at least **two** dense float64 copies of the one-hot training
+  matrix (:data:`DENSE_ONEHOT_COPIES`); the indicator is 1 when those exceed the memory
+  limit. A tree cannot place a threshold between two training tables it has seen (one that
+  fits, one that dies) where a third, unseen size would need it; the indicator can.
 
 Classes: :class:`ScriptFeaturizer`, :class:`ScriptSummary`. Functions: :func:`summarize_script`, :func:`flat_context`,
 :func:`size_features`.
@@ -41,7 +48,7 @@ import numpy as np
 from sklearn.feature_extraction import FeatureHasher
 
 __all__ = ["ScriptFeaturizer", "ScriptSummary", "summarize_script", "flat_context", "size_features", "ESTIMATOR_FAMILIES", "HYPERPARAMETERS",
-           "SIZE_FEATURES"]
+           "SIZE_FEATURES", "DENSE_ONEHOT_COPIES"]
 
 ESTIMATOR_FAMILIES: Mapping[str, frozenset[str]] = {
     "linear": frozenset(
@@ -115,8 +122,11 @@ _COUNT_NAMES = (
 #: Featurizers saved before they existed (``size_features=False``) leave them out.
 SIZE_FEATURES = (
     "n_dense_onehot", "size:log10_train_rows", "size:log10_onehot_cells", "size:dense_onehot_memory_share",
-    "size:dense_onehot_risk", "size:train_rows_per_wall_second",
+    "size:dense_onehot_over_limit", "size:train_rows_per_wall_second",
 )  # fmt: skip
+#: Dense float64 copies of the one-hot training matrix alive at once while a
+#: ``ColumnTransformer`` fits (the encoder's output and ``np.hstack``'s copy of it).
+DENSE_ONEHOT_COPIES = 2
 
 
 @dataclass
@@ -316,9 +326,9 @@ def size_features(flat: Mapping[str, Any], summary: ScriptSummary) -> tuple[list
     rows, width = _ctx_number(flat, "n_train"), _ctx_number(flat, "onehot_width")
     memory, wall = _ctx_number(flat, "memory_bytes"), _ctx_number(flat, "wall_seconds")
     dense = summary.counts.get("n_dense_onehot", 0.0) > 0
-    share = 8.0 * rows * width / memory  # NaN when any is unknown
-    values = [summary.counts.get("n_dense_onehot", math.nan), math.log10(rows), math.log10(rows * width), share,
-              share if dense else (0.0 if not math.isnan(share) else math.nan), rows / wall]
+    share = 8.0 * rows * width / memory  # one dense float64 copy; NaN when any is unknown
+    over = math.nan if math.isnan(share) else float(dense and DENSE_ONEHOT_COPIES * share >= 1.0)
+    values = [summary.counts.get("n_dense_onehot", math.nan), math.log10(rows), math.log10(rows * width), share, over, rows / wall]
     tokens = []
     if not math.isnan(rows):
         decade = int(math.log10(rows))
