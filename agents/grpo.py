@@ -44,8 +44,9 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Hashable, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 
@@ -254,7 +255,12 @@ def grpo_loss(
     """
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be (B, T), got shape {tuple(logprobs.shape)}")
-    for name, t in (("old_logprobs", old_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs), ("entropy", entropy)):
+    for name, t in (
+        ("old_logprobs", old_logprobs),
+        ("mask", mask),
+        ("ref_logprobs", ref_logprobs),
+        ("entropy", entropy),
+    ):
         if t is not None and t.shape != logprobs.shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(logprobs.shape)} like logprobs")
     if advantages.shape != logprobs.shape[:1]:

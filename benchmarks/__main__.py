@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from benchmarks import EXPERIMENTS, OTHER_SCRIPTS
 from benchmarks.common import load_config
@@ -36,8 +37,16 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     for name, module in EXPERIMENTS.items():
         mod = _load(module)
-        p = sub.add_parser(name, help=mod.__doc__.splitlines()[0].split(": ", 1)[-1], description=mod.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("--config", help="TOML/JSON config file, or the name of a shipped one in benchmarks/configs/ (flags override it)")
+        p = sub.add_parser(
+            name,
+            help=mod.__doc__.splitlines()[0].split(": ", 1)[-1],
+            description=mod.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.add_argument(
+            "--config",
+            help="TOML/JSON config file, or the name of a shipped one in benchmarks/configs/ (flags override it)",
+        )
         p.add_argument("--out", default="runs", help="root of run directories (default: runs)")
         p.add_argument("--run-dir", help="exact run directory to write (default: <out>/<experiment>-<UTC stamp>)")
         p.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -65,7 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
     else:
         run_dir = make_run_dir(args.out, args.experiment)
-    write_json(run_dir / "config.json", {"experiment": args.experiment, "config_file": args.config, **config_to_dict(config)})
+    write_json(
+        run_dir / "config.json", {"experiment": args.experiment, "config_file": args.config, **config_to_dict(config)}
+    )
     print(f"wmrl-bench {args.experiment}: writing to {run_dir}", flush=True)
     result = mod.run(config, run_dir, progress=not args.no_progress)
     print()

@@ -85,9 +85,10 @@ Functions: :func:`run`, :func:`load_tasks`, :func:`policy_gradient`, :func:`grad
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -193,7 +194,9 @@ class AblationConfig:
         if bad or not self.world_models:
             raise ValueError(f"world_models must be a non-empty subset of {WORLD_MODELS}, got {self.world_models!r}")
         if not self.normalisations or any(n not in NORMALISATIONS for n in self.normalisations):
-            raise ValueError(f"normalisations must be a non-empty subset of {NORMALISATIONS}, got {self.normalisations!r}")
+            raise ValueError(
+                f"normalisations must be a non-empty subset of {NORMALISATIONS}, got {self.normalisations!r}"
+            )
         for name in ("steps", "groups_per_step", "gradient_batches", "reference_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -238,7 +241,11 @@ class LoggedTasks:
 
     def __init__(self, by_task: Mapping[str, Sequence[Any]], vocabulary: Sequence[str] | None = None) -> None:
         self.records = {t: list(rs) for t, rs in by_task.items()}
-        self.vocabulary = list(vocabulary) if vocabulary is not None else sorted({_template(r) for rs in by_task.values() for r in rs})
+        self.vocabulary = (
+            list(vocabulary)
+            if vocabulary is not None
+            else sorted({_template(r) for rs in by_task.values() for r in rs})
+        )
         index = {v: i for i, v in enumerate(self.vocabulary)}
         self.true = {t: np.array([r.outcome.score for r in rs], dtype=float) for t, rs in self.records.items()}
         self.ids = {t: np.array([index.get(_template(r), -1) for r in rs]) for t, rs in self.records.items()}
@@ -250,7 +257,7 @@ class LoggedTasks:
     def tasks(self) -> list[str]:
         return list(self.records)
 
-    def with_vocabulary(self, vocabulary: Sequence[str]) -> "LoggedTasks":
+    def with_vocabulary(self, vocabulary: Sequence[str]) -> LoggedTasks:
         """The same tasks indexed by ``vocabulary`` (solutions of unknown templates are dropped)."""
         keep = set(vocabulary)
         return LoggedTasks({t: [r for r in rs if _template(r) in keep] for t, rs in self.records.items()}, vocabulary)
@@ -315,7 +322,9 @@ def load_tasks(config: AblationConfig) -> tuple[LoggedTasks, LoggedTasks]:
                 by_task.setdefault(r.task_id, []).append(r)
         groups[role] = {t: rs for t, rs in sorted(by_task.items()) if len({_template(r) for r in rs}) >= 2}
         if not groups[role]:
-            raise ValueError(f"no logged {role} task with >= 2 scored solutions (split {name!r}, tier {config.tier!r}, {len(paths)} log files)")
+            raise ValueError(
+                f"no logged {role} task with >= 2 scored solutions (split {name!r}, tier {config.tier!r}, {len(paths)} log files)"
+            )
     train = LoggedTasks(groups["train"])
     return train, LoggedTasks(groups["eval"]).with_vocabulary(train.vocabulary)
 
@@ -330,7 +339,9 @@ def learned_scores(model: Any, tasks: LoggedTasks) -> dict[str, list[float | Non
     return out
 
 
-def _scorer(wm_name: str, config: AblationConfig, tasks: LoggedTasks, seed: int, learned: Mapping[str, list] | None) -> Scorer:
+def _scorer(
+    wm_name: str, config: AblationConfig, tasks: LoggedTasks, seed: int, learned: Mapping[str, list] | None
+) -> Scorer:
     """``score(task, picks)`` -> the world model's scores of those solutions (``None`` = unknown).
     ``learned``: :func:`learned_scores` (for ``wm_name="learned"``)."""
     if wm_name == "learned":
@@ -338,7 +349,12 @@ def _scorer(wm_name: str, config: AblationConfig, tasks: LoggedTasks, seed: int,
         return lambda task, picks: [learned[task][int(i)] for i in picks]
     from wmrl_envs.world_models import LoggedOutcomes, NoisyOracle
 
-    oracle = NoisyOracle(LoggedOutcomes([r for rs in tasks.records.values() for r in rs]), bias=oracle_bias(config.oracle_bias), sigma=config.oracle_sigma, seed=seed)
+    oracle = NoisyOracle(
+        LoggedOutcomes([r for rs in tasks.records.values() for r in rs]),
+        bias=oracle_bias(config.oracle_bias),
+        sigma=config.oracle_sigma,
+        seed=seed,
+    )
 
     def score(task: str, picks: np.ndarray) -> list:
         rs = [tasks.records[task][int(i)] for i in picks]
@@ -374,7 +390,14 @@ class _Batch:
     anchors: frozenset
 
 
-def _draw(policy: SoftmaxPolicy, tasks: LoggedTasks, scorer: Scorer | None, scheduler: AnchorScheduler | None, config: AblationConfig, rng: np.random.Generator) -> _Batch:
+def _draw(
+    policy: SoftmaxPolicy,
+    tasks: LoggedTasks,
+    scorer: Scorer | None,
+    scheduler: AnchorScheduler | None,
+    config: AblationConfig,
+    rng: np.random.Generator,
+) -> _Batch:
     names = tasks.tasks
     chosen = [names[int(i)] for i in rng.integers(len(names), size=config.groups_per_step)]
     picks = [policy.sample(tasks.ids[t], config.group_size, rng) for t in chosen]
@@ -427,7 +450,9 @@ class _Arm:
     def advantages(self, batch: _Batch, normalisation: str) -> list[float | None]:
         rewards, gids, sources = self.rewards(batch)
         weight = self.weight if self.name != "real" else 1.0
-        return group_advantages(rewards, gids, sources=sources, anchor_weight=weight, scale_by_std=normalisation == "std").advantages
+        return group_advantages(
+            rewards, gids, sources=sources, anchor_weight=weight, scale_by_std=normalisation == "std"
+        ).advantages
 
     def end_step(self, batch: _Batch) -> None:
         """Feed the step's complete anchor groups to the calibrator (as the wrappers do)."""
@@ -435,7 +460,6 @@ class _Arm:
             return
         for g in sorted(batch.anchors):
             self.calibrator.observe_group(batch.wm[g], batch.true[g])
-
 
 
 def policy_gradient(tasks: LoggedTasks, batch: _Batch, advantages: Sequence[float | None], n_params: int) -> np.ndarray:
@@ -482,7 +506,15 @@ def _loss(policy: SoftmaxPolicy, tasks: LoggedTasks, batch: _Batch, advantages: 
 
 # ------------------------------------------------------------------ measure (b): training
 def train_variant(
-    variant: str, config: AblationConfig, train: LoggedTasks, evaluate: LoggedTasks, scorer: Scorer | None, seed: int, normalisation: str, *, record_every: int = 10,
+    variant: str,
+    config: AblationConfig,
+    train: LoggedTasks,
+    evaluate: LoggedTasks,
+    scorer: Scorer | None,
+    seed: int,
+    normalisation: str,
+    *,
+    record_every: int = 10,
 ) -> dict[str, Any]:
     """Train a fresh softmax policy for ``config.steps`` GRPO steps on ``variant``'s rewards."""
     import torch
@@ -516,7 +548,13 @@ def train_variant(
 
 
 # ------------------------------------------------------------------ measure (a): gradient error
-def _reference(policy: SoftmaxPolicy, tasks: LoggedTasks, config: AblationConfig, normalisations: Sequence[str], rng: np.random.Generator) -> dict[str, np.ndarray]:
+def _reference(
+    policy: SoftmaxPolicy,
+    tasks: LoggedTasks,
+    config: AblationConfig,
+    normalisations: Sequence[str],
+    rng: np.random.Generator,
+) -> dict[str, np.ndarray]:
     """Population real-execution gradient per normalisation (Monte Carlo over real batches)."""
     real = _Arm("real", config)
     n = len(tasks.vocabulary)
@@ -529,7 +567,14 @@ def _reference(policy: SoftmaxPolicy, tasks: LoggedTasks, config: AblationConfig
 
 
 def gradient_error(
-    config: AblationConfig, tasks: LoggedTasks, scorer: Scorer, seed: int, policy: SoftmaxPolicy, reference: Mapping[str, np.ndarray], *, tag: int = 0,
+    config: AblationConfig,
+    tasks: LoggedTasks,
+    scorer: Scorer,
+    seed: int,
+    policy: SoftmaxPolicy,
+    reference: Mapping[str, np.ndarray],
+    *,
+    tag: int = 0,
 ) -> dict[tuple[str, str], dict[str, float]]:
     """Measure (a) at fixed ``policy``: per ``(variant, normalisation)``, the relative MSE, bias
     part and cosine of the batch gradient against the population real-execution ``reference``."""
@@ -537,7 +582,11 @@ def gradient_error(
     scheduler = AnchorScheduler(config.anchor_fraction, config.anchor_min_per_step, seed=seed)
     arms = [_Arm(v, config) for v in VARIANTS]
     n = len(tasks.vocabulary)
-    stats = {(v, norm): {"sq": 0.0, "sum": np.zeros(n), "cos": 0.0, "dot": 0.0, "norm2": 0.0} for v in VARIANTS for norm in config.normalisations}
+    stats = {
+        (v, norm): {"sq": 0.0, "sum": np.zeros(n), "cos": 0.0, "dot": 0.0, "norm2": 0.0}
+        for v in VARIANTS
+        for norm in config.normalisations
+    }
     measured = 0
     for step in range(config.gradient_warmup + config.gradient_batches):
         for arm in arms:
@@ -573,7 +622,8 @@ def gradient_error(
             "grad_bias2": (float(np.sum((mean - reference[norm]) ** 2)) - trace_cov / measured) / ref2,
             # Direction error of the mean gradient at its best step size: 1 - cos^2(E g, g*)
             # (E||mean||^2 corrected for the mean's noise as above).
-            "grad_dir_bias": 1.0 - float(mean @ reference[norm]) ** 2 / (max(float(mean @ mean) - trace_cov / measured, 1e-300) * ref2),
+            "grad_dir_bias": 1.0
+            - float(mean @ reference[norm]) ** 2 / (max(float(mean @ mean) - trace_cov / measured, 1e-300) * ref2),
             "grad_cos": s["cos"] / measured,
             "weight_at_measure": arm.weight,
         }
@@ -589,7 +639,9 @@ def run(config: AblationConfig, run_dir: Path, *, progress: bool = True) -> dict
     """Every seed x world model x normalisation; writes ``results.json``, ``results.md`` and plots."""
     started = time.perf_counter()
     train, evaluate = load_tasks(config)
-    learned = learned_scores(load_world_model(config.learned_model), train) if "learned" in config.world_models else None
+    learned = (
+        learned_scores(load_world_model(config.learned_model), train) if "learned" in config.world_models else None
+    )
     rows: list[dict[str, Any]] = []
     curves: dict[str, list[list[tuple[int, float, float]]]] = {}
     per_seed = len(config.gradient_states) + len(config.world_models) * len(config.normalisations)
@@ -601,12 +653,16 @@ def run(config: AblationConfig, run_dir: Path, *, progress: bool = True) -> dict
         for k, n_steps in enumerate(config.gradient_states):
             policy = SoftmaxPolicy(len(train.vocabulary))
             if n_steps:
-                trained = train_variant("real", _replace(config, steps=n_steps), train, evaluate, None, seed, config.normalisations[0])
+                trained = train_variant(
+                    "real", _replace(config, steps=n_steps), train, evaluate, None, seed, config.normalisations[0]
+                )
                 policy.theta.data[:] = _as_tensor(trained["theta"])
             reference = _reference(policy, train, config, config.normalisations, np.random.default_rng([seed, 29, k]))
             for wm_name in config.world_models:
                 scorer = _scorer(wm_name, config, train, seed, learned)
-                for (variant, norm), metrics in gradient_error(config, train, scorer, seed, policy, reference, tag=k).items():
+                for (variant, norm), metrics in gradient_error(
+                    config, train, scorer, seed, policy, reference, tag=k
+                ).items():
                     grads.setdefault((wm_name, variant, norm), []).append(metrics)
             bar.update()
         # Measure (b): train each variant from the uniform policy.
@@ -771,7 +827,17 @@ def _plot_training(config: AblationConfig, curves: Mapping[str, list], result: M
                 steps = [s for s, _, _ in runs[0]]
                 mean = np.mean([[t for _, _, t in c] for c in runs], axis=0)
                 color, ls, marker = _STYLE[v]
-                ax.plot(steps, mean, color=color, ls=ls, marker=marker, markevery=max(1, len(steps) // 6), ms=4, lw=1.4, label=v)
+                ax.plot(
+                    steps,
+                    mean,
+                    color=color,
+                    ls=ls,
+                    marker=marker,
+                    markevery=max(1, len(steps) // 6),
+                    ms=4,
+                    lw=1.4,
+                    label=v,
+                )
             ax.set_title(f"{wm_name}, {norm}", fontsize=9)
             ax.set_xlabel("GRPO step", fontsize=8)
             ax.set_ylabel("expected true score, train tasks", fontsize=8)

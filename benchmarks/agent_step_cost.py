@@ -24,7 +24,8 @@ import argparse
 import resource
 import statistics
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from benchmarks.report import machine_summary, make_run_dir, markdown_table, write_json
 
@@ -59,8 +60,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for kind in args.stacks:
         env = _stack(kind, args.groups * args.group_size, args.max_turns, args.anchor_fraction, args.world_model)
         config = GRPOConfig(
-            groups_per_step=args.groups, group_size=args.group_size, total_steps=args.steps + 1,
-            max_new_tokens=args.max_new_tokens, micro_batch_size=args.micro_batch_size, seed=args.seed,
+            groups_per_step=args.groups,
+            group_size=args.group_size,
+            total_steps=args.steps + 1,
+            max_new_tokens=args.max_new_tokens,
+            micro_batch_size=args.micro_batch_size,
+            seed=args.seed,
         )
         history = train(policy, env, PlanScaffold(), config, tasks=TASKS).history[1:]  # step 1 warms caches up
         env.close()
@@ -88,7 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.agent_step_cost", description=__doc__.split("\n\n")[0])
     parser.add_argument("--policy", choices=("default", "tiny"), default="default")
     parser.add_argument("--stacks", nargs="+", choices=("real", "wmrl"), default=["real"])
-    parser.add_argument("--world-model", default="default", help="CodeOutcomeModel for the wmrl stack: 'default' or a directory")
+    parser.add_argument(
+        "--world-model", default="default", help="CodeOutcomeModel for the wmrl stack: 'default' or a directory"
+    )
     parser.add_argument("--steps", type=int, default=3, help="measured steps per stack (after one warm-up step)")
     parser.add_argument("--groups", type=int, default=2, help="groups per step (m)")
     parser.add_argument("--group-size", type=int, default=4, help="samples per group (n)")
@@ -102,12 +109,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run(args)
     out = make_run_dir(args.out, "agent_step_cost")
     write_json(out / "results.json", result)
-    columns = ["stack", "steps", "step_wall_s"] + [f"{p}_wall_s" for p in PHASES] + [f"{p}_cpu_s" for p in PHASES] + [
-        "real_executions_per_step", "reward_mean", "peak_rss_mb"]
+    columns = (
+        ["stack", "steps", "step_wall_s"]
+        + [f"{p}_wall_s" for p in PHASES]
+        + [f"{p}_cpu_s" for p in PHASES]
+        + ["real_executions_per_step", "reward_mean", "peak_rss_mb"]
+    )
     table = markdown_table(result["rows"], columns)
-    header = (f"Policy: {args.policy} (load {result['policy_load_seconds']:.1f} s, RSS after load "
-              f"{result['rss_after_load_mb']:.0f} MB); m={args.groups} x n={args.group_size}, max_turns={args.max_turns}, "
-              f"max_new_tokens={args.max_new_tokens}; medians over {args.steps} steps.\n\n")
+    header = (
+        f"Policy: {args.policy} (load {result['policy_load_seconds']:.1f} s, RSS after load "
+        f"{result['rss_after_load_mb']:.0f} MB); m={args.groups} x n={args.group_size}, max_turns={args.max_turns}, "
+        f"max_new_tokens={args.max_new_tokens}; medians over {args.steps} steps.\n\n"
+    )
     (out / "results.md").write_text(header + table + "\n")
     print(header + table)
     print(f"\nwritten to {out}")

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from benchmarks.report import mean_spread
 from wmrl_envs.config_cli import load_config_file

@@ -23,24 +23,51 @@ Classes: :class:`FidelityConfig`. Functions: :func:`run`.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from benchmarks.ablation import load_records
 from agents.llm.loading import load_world_model
 from benchmarks.common import new_figure, save_figure, summarize_seeds
-from wmrl_envs.config_cli import config_to_dict
 from benchmarks.report import machine_summary, markdown_table, write_results
+from wmrl_envs.config_cli import config_to_dict
 from wmrl_envs.world_models import FidelityReport
 
 __all__ = ["FidelityConfig", "CONFIG", "run", "MODELS"]
 
 NAME = "fidelity"
 MODELS = ("learned", "lm", "noisy-oracle")
+
+
+def load_records(logs: Sequence[str] | None, split: str | None, group_size: int) -> dict[str, list[Any]]:
+    """Logged records with a known true score, by task; tasks with fewer than ``group_size`` dropped."""
+    from wmrl_envs.world_models import read_logs
+
+    if logs:
+        paths = [Path(p) for p in logs]
+    else:
+        from wmrl_envs.autoresearch.leaderboard import logs_root
+
+        paths = sorted(logs_root().glob("*.jsonl"))
+        if not paths:
+            raise FileNotFoundError(f"no shipped pool logs in {logs_root()}; build them (wmrl-tasks) or pass --logs")
+    records = [r for r in read_logs(paths) if r.outcome.score is not None]
+    if split is not None:
+        from wmrl_envs.autoresearch import catalog_split
+
+        keep = set(catalog_split()[split])
+        records = [r for r in records if r.task_id in keep]
+    by_task: dict[str, list[Any]] = {}
+    for r in records:
+        by_task.setdefault(r.task_id, []).append(r)
+    by_task = {t: rs for t, rs in sorted(by_task.items()) if len(rs) >= group_size}
+    if not by_task:
+        raise ValueError(f"no task with >= {group_size} scored records in {len(paths)} log file(s) (split={split!r})")
+    return by_task
 
 
 @dataclass
@@ -115,7 +142,16 @@ def run(config: FidelityConfig, run_dir: Path, *, progress: bool = True) -> dict
         subset = records[: config.lm_max_records] if name == "lm" else records
         t0 = time.perf_counter()
         if name == "noisy-oracle":  # fresh noise per seed
-            reports = [evaluate_fidelity(_model(name, config, subset, s), subset, calibration_fraction=config.calibration_fraction, seed=s, name=name) for s in config.seeds]
+            reports = [
+                evaluate_fidelity(
+                    _model(name, config, subset, s),
+                    subset,
+                    calibration_fraction=config.calibration_fraction,
+                    seed=s,
+                    name=name,
+                )
+                for s in config.seeds
+            ]
         else:  # deterministic model: predict once, vary only the calibration split
             model = _model(name, config, subset, 0)
             outcomes = []
@@ -131,7 +167,10 @@ def run(config: FidelityConfig, run_dir: Path, *, progress: bool = True) -> dict
                 for s in config.seeds
             ]  # fmt: skip
         seconds[name] = time.perf_counter() - t0
-        rows += [{"model": name, "seed": s, **{k: v for k, v in r.to_dict().items() if k != "name"}} for s, r in zip(config.seeds, reports)]
+        rows += [
+            {"model": name, "seed": s, **{k: v for k, v in r.to_dict().items() if k != "name"}}
+            for s, r in zip(config.seeds, reports)
+        ]
     summary = summarize_seeds(rows, "model", _METRICS)
     for row in summary:
         row["predict_seconds"] = seconds[row["model"]]
@@ -174,7 +213,9 @@ def _plot(summary: Sequence[Mapping[str, Any]], path: Path) -> Path:
         ys = [r[k] if r[k] is not None else np.nan for k in keys]
         es = [r[f"{k}_sd"] or 0.0 for k in keys]
         ax.bar(np.arange(len(keys)) + j * width, ys, width, yerr=es, capsize=3, label=r["model"])
-    ax.set_xticks(np.arange(len(keys)) + width * (len(summary) - 1) / 2, [k.replace("_", "\n") for k in keys], fontsize=8)
+    ax.set_xticks(
+        np.arange(len(keys)) + width * (len(summary) - 1) / 2, [k.replace("_", "\n") for k in keys], fontsize=8
+    )
     ax.set_title("world-model fidelity on held-out logs")
     ax.legend()
     return save_figure(fig, path)

@@ -22,9 +22,10 @@ Classes: :class:`LeaderboardConfig`. Functions: :func:`run`, :func:`random_plan`
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -114,7 +115,9 @@ def _held_out_tasks(config: LeaderboardConfig) -> list[str]:
     return tasks
 
 
-def _script_agent(config: LeaderboardConfig, tasks: Sequence[str], seed: int, choose: Callable[[Any, np.random.Generator], str]) -> list[Any]:
+def _script_agent(
+    config: LeaderboardConfig, tasks: Sequence[str], seed: int, choose: Callable[[Any, np.random.Generator], str]
+) -> list[Any]:
     """``k`` episodes per task through each task's registered env, actions from ``choose(spec, rng)``."""
     import gymnasium as gym
 
@@ -142,7 +145,9 @@ def _script_agent(config: LeaderboardConfig, tasks: Sequence[str], seed: int, ch
     return scores
 
 
-def _evaluate_agent(agent: str, config: LeaderboardConfig, tasks: Sequence[str], seed: int, policies: dict[str, Any]) -> list[Any]:
+def _evaluate_agent(
+    agent: str, config: LeaderboardConfig, tasks: Sequence[str], seed: int, policies: dict[str, Any]
+) -> list[Any]:
     from agents.llm.scaffolds import make_scaffold, parse_plan, render_plan
 
     fenced = lambda script: f"```python\n{script}\n```"  # noqa: E731
@@ -171,7 +176,9 @@ def run(config: LeaderboardConfig, run_dir: Path, *, progress: bool = True) -> d
     tasks = _held_out_tasks(config)
     policies: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
-    for agent, seed in tqdm([(a, s) for a in config.agents for s in config.seeds], desc="leaderboard", disable=not progress):
+    for agent, seed in tqdm(
+        [(a, s) for a in config.agents for s in config.seeds], desc="leaderboard", disable=not progress
+    ):
         t0 = time.perf_counter()
         scores = _evaluate_agent(agent, config, tasks, seed, policies)
         known = [s.score for s in scores if s.score is not None]
@@ -211,7 +218,13 @@ def tables(result: Mapping[str, Any]) -> str:
     """Agents (rows) x mean avg@k, valid rate and per-task avg@k (columns)."""
     k = result["config"]["k"]
     rows = [
-        {"agent": r["agent"], "seeds": r["seeds"], f"avg@{k}": _cell(r, "avg_at_k"), "valid rate": _cell(r, "valid_rate"), **{t: _cell(r, f"task:{t}") for t in result["tasks"]}}
+        {
+            "agent": r["agent"],
+            "seeds": r["seeds"],
+            f"avg@{k}": _cell(r, "avg_at_k"),
+            "valid rate": _cell(r, "valid_rate"),
+            **{t: _cell(r, f"task:{t}") for t in result["tasks"]},
+        }
         for r in result["summary"]
     ]
     note = f"avg@{k} = valid rate x mean best leaderboard percentile per task (— = unknown: the task has no leaderboard yet), real execution, {len(result['tasks'])} held-out tasks."

@@ -23,8 +23,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -61,10 +62,10 @@ def _episode_rate(reset: Callable[[], Any], step: Callable[[np.ndarray], Any], a
 def measure(task_index: int, cameras: bool, size: int, horizon: int, repeats: int, seed: int = 0) -> dict[str, Any]:
     """Median steps/s of the three variants for one camera setting."""
     from wmrl_envs.libero.env import LiberoLongEnv
-    from wmrl_envs.world_models.progress_rollouts import DEFAULT_PROGRESS_MODEL
     from wmrl_envs.libero.tasks import get_task, load_init_states
     from wmrl_envs.world_models.progress import ProgressOutcomeModel
     from wmrl_envs.world_models.progress_learned import StateProgressModel
+    from wmrl_envs.world_models.progress_rollouts import DEFAULT_PROGRESS_MODEL
     from wrappers import AnchorWrapper, CalibrationWrapper, WorldModelWrapper
 
     init = load_init_states(get_task(task_index))[0]
@@ -82,7 +83,10 @@ def measure(task_index: int, cameras: bool, size: int, horizon: int, repeats: in
     variants = {
         "raw": (raw_reset, raw.step),
         "gym": (lambda: env.reset(options={"init_state": 0}), env.step),
-        "wrapped": (lambda: wrapped.reset(options={"init_state": 0, "group_id": next(group), "group_size": 1}), wrapped.step),
+        "wrapped": (
+            lambda: wrapped.reset(options={"init_state": 0, "group_id": next(group), "group_size": 1}),
+            wrapped.step,
+        ),
     }
     rates: dict[str, list[float]] = {k: [] for k in variants}
     try:
@@ -117,7 +121,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         measure(args.task, False, args.image_size, args.horizon, args.repeats),
         measure(args.task, True, args.image_size, args.camera_horizon, args.repeats),
     ]
-    columns = ["cameras", "raw_steps_per_s", "gym_steps_per_s", "wrapped_steps_per_s", "gym_overhead", "wrapped_overhead"]
+    columns = [
+        "cameras",
+        "raw_steps_per_s",
+        "gym_steps_per_s",
+        "wrapped_steps_per_s",
+        "gym_overhead",
+        "wrapped_overhead",
+    ]
     table = markdown_table(rows, columns)
     print(table)
     print("overhead = raw steps/s divided by the variant's (1.0 = free); medians over", args.repeats, "episodes each")

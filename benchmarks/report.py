@@ -10,8 +10,9 @@ import json
 import math
 import platform
 import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 __all__ = ["make_run_dir", "write_json", "write_results", "markdown_table", "mean_spread", "machine_summary"]
 

@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from tqdm.auto import tqdm
 
@@ -76,8 +76,15 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # a backend unavailable here: say why, keep the others
             rows.append({"backend": name, "error": f"{type(e).__name__}: {e}".splitlines()[0]})
             continue
-        rows.append({"backend": name, "runs": len(times), "median_ms": 1e3 * statistics.median(times),
-                     "p10_ms": 1e3 * _quantile(times, 0.1), "p90_ms": 1e3 * _quantile(times, 0.9)})
+        rows.append(
+            {
+                "backend": name,
+                "runs": len(times),
+                "median_ms": 1e3 * statistics.median(times),
+                "p10_ms": 1e3 * _quantile(times, 0.1),
+                "p90_ms": 1e3 * _quantile(times, 0.9),
+            }
+        )
     bare = next((r["median_ms"] for r in rows if r["backend"] == "bare" and "median_ms" in r), None)
     for r in rows:
         if "median_ms" in r and bare is not None:

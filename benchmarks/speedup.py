@@ -1,141 +1,174 @@
-"""``speedup``: the same agent, tasks, seed and number of steps trained under three arms.
+"""``speedup``: three arms trained under the same compute budget; held-out score vs cost.
 
 * ``real``: GRPO on real execution (every rollout runs in the sandbox);
 * ``wm``: GRPO on the raw world model (``VectorWorldModelWrapper``, no real execution);
-* ``wmrl``: world model + anchor groups + Online Debiasing + Inverse-Variance Denoising
-  (``VectorCalibrationWrapper(VectorAnchorWrapper(VectorWorldModelWrapper(env)))``).
+* ``wmrl``: world model + anchor groups + Online Debiasing + Inverse-Variance Denoising.
 
-After one untimed warm-up pass, each arm starts from the same initial weights and trains with
-:func:`agents.llm.trainer.train`; then :func:`agents.llm.evaluate.evaluate` scores the
-policy on held-out (catalog ``test``) tasks by real execution (avg@k). Reported per arm:
-wall-clock and CPU seconds of training, CPU seconds by component (generation, real
-grading, world-model grading, update, other env time), real executions, realized anchor
-share, final training reward, held-out avg@k. The speedup is the ratio of the real arm's
-measured wall-clock (and CPU seconds) to each arm's, per seed. The *ideal* ratio is what
-the measured component costs allow: with ``G, R, U, O`` the real arm's generation,
-real-grading, update and other CPU seconds, ``W`` the WMRL arm's world-model CPU seconds
-and ``a`` its realized share of real executions,
+Every arm starts from the same initial weights and trains with
+:func:`agents.llm.trainer.train` until it has spent ``budget_cpu_s`` CPU-seconds (this process
+plus its sandbox children; wall-clock is reported too). Whenever an arm's spent cost crosses one
+of ``eval_fractions`` of the budget, the policy is scored on the tier's held-out tasks by real
+execution (avg@k); evaluation is untimed: its CPU and wall are subtracted from the arm's cost.
+Held-out executions are memoised per (task, script, limits): the plan scaffold renders
+deterministic scripts (fixed ``random_state``), so a repeated script has the outcome already
+measured; training never uses the memo (the real arm pays for every run).
 
-    ideal_at_anchor = (G + R + U + O) / (G + W + U + O + a R),
-    ideal_no_anchor = (G + R + U + O) / (G + W + U + O)    (all real grading replaced),
-    grading_limit  = R / (W + a R)                           (if generation/update were free),
+Reported per arm (mean ± sd over seeds): the held-out-vs-cost curve (plot), cost by component,
+steps, real executions, realized anchor share; and the headline, per seed,
 
-so the gap between the measured speedup and its limit is visible.
+    ratio = cost at which the real arm reaches its final held-out score
+            / cost at which WMRL first reaches that score     (linear interpolation),
 
-Classes: :class:`SpeedupConfig`. Functions: :func:`run`, :func:`speedup_ratios`.
+("not reached" when WMRL never does within its budget; undefined when the real arm ends no
+higher than where it started), next to the *ideal* ratio that the measured per-step component
+costs allow: with ``G, R, U, O`` the real arm's generation, real-grading, update and other CPU
+seconds per step, ``W`` the WMRL arm's world-model CPU per step and ``a`` its realized share of
+real executions, ``ideal = (G + R + U + O) / (G + W + U + O + a R)`` (steps per CPU-second,
+WMRL over real: the speedup if a WMRL step were worth a real one).
+
+The WMRL arm also logs the world-model exploitation monitor (:mod:`wrappers.monitor`): the gap
+between calibrated world-model and real scores on anchor groups, and their within-group rank
+agreement, over training (``monitor.png``); ``monitor_max_gap`` lets
+:class:`~agents.llm.trainer.ExploitationGuard` raise the anchor fraction or stop.
+
+Classes: :class:`SpeedupConfig`. Functions: :func:`run`, :func:`cost_to_reach`,
+:func:`headline`, :func:`tables`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from agents.llm.loading import load_policy, load_world_model
-from benchmarks.common import ARMS, cpu_clock, new_figure, save_figure, summarize_seeds, task_split
+from benchmarks.common import ARMS, cpu_clock, new_figure, save_figure, summarize_seeds
 from benchmarks.report import machine_summary, markdown_table, write_results
 from wmrl_envs.config_cli import config_to_dict
 from wmrl_envs.vector import make_vector_env
 from wrappers import CalibrationConfig, build_stack
 
-__all__ = ["SpeedupConfig", "CONFIG", "run", "speedup_ratios", "tables", "ARM_METRICS"]
+__all__ = ["SpeedupConfig", "CONFIG", "run", "cost_to_reach", "headline", "tables", "ARM_METRICS"]
 
 NAME = "speedup"
 
 #: Per-arm metrics (mean and spread over seeds in the summary table).
 ARM_METRICS = (
-    "wall_s", "cpu_s", "gen_cpu_s", "real_grading_cpu_s", "wm_grading_cpu_s", "update_cpu_s", "other_cpu_s",
-    "real_executions", "anchor_share", "final_train_reward", "heldout_avg_at_k", "heldout_valid_rate",
-    "heldout_reward", "anchor_weight", "calibrated",
+    "cost_cpu_s", "wall_s", "steps", "gen_cpu_s", "real_grading_cpu_s", "wm_grading_cpu_s", "update_cpu_s",
+    "other_cpu_s", "real_executions", "anchor_share", "final_heldout", "best_heldout", "step_cpu_s",
+    "final_train_reward", "anchor_weight", "monitor_gap", "monitor_rank_agreement",
 )  # fmt: skip
 
-RATIO_METRICS = ("wall_speedup", "cpu_speedup", "ideal_at_anchor", "ideal_no_anchor", "grading_limit", "real_exec_share")
+RATIO_METRICS = ("reach_ratio", "ideal_ratio", "real_reach_cost", "wmrl_reach_cost")
 
 
 @dataclass
 class SpeedupConfig:
-    """Knobs of the speedup experiment (defaults: the budgeted main job, <= 15 min on 2 cores;
-    ``benchmarks/configs/speedup-main.toml`` spells them out, ``speedup-full.toml`` is the full
-    comparison with the paper's calibration constants).
+    """Knobs of the budget-matched speedup (defaults: the main job, <= 15 min on 2 cores).
 
     Attributes:
         arms: training arms to run, from ``real``, ``wm``, ``wmrl``.
-        seeds: seeds (task sampling, group ids, sampling, anchor choice); mean and spread over them.
-        steps: GRPO steps per arm.
+        seeds: seeds (task sampling, sampling, anchor choice); mean and spread over them.
+        tier: AutoResearch task tier: ``full`` (20-40k-row tables, runs of seconds to minutes)
+            or ``small`` (the 2,500-row catalog).
+        budget_cpu_s: compute budget of each arm in CPU-seconds (process + sandbox children).
+        eval_fractions: fractions of the budget at which the held-out score is measured.
+        max_steps: safety cap on steps per arm (an arm normally stops on its budget).
         groups_per_step: GRPO groups (task instances) per step.
         group_size: samples per group.
         max_turns: env turns per episode.
         max_new_tokens: tokens sampled per turn.
-        temperature: sampling temperature.
+        temperature: sampling temperature in training.
         learning_rate: AdamW step size.
         micro_batch_size: sequences per forward/backward pass.
-        policy: ``default`` (SmolLM2-135M-Instruct, offline), ``tiny`` (random from-config model) or
-            ``tiny-plan`` (tiny, warm-started on example plans: smoke runs and tests).
+        policy: ``tiny-plan`` (a small from-config model warm-started on example plans: learns
+            within minutes on CPU), ``default`` (SmolLM2-135M-Instruct) or ``tiny``.
         scaffold: ``plan`` (compact plan scaffold) or ``raw`` (raw code).
         world_model: ``default`` (shipped fitted CodeOutcomeModel) or a saved model directory.
         anchor_fraction: target share of anchor groups (WMRL arm).
-        anchor_min_per_step: floor of anchor groups per step (dominates with few groups per step).
-        calibration_start_pairs: anchor pairs before the first isotonic fit (paper: 200; default 4 =
-            one anchor group, so calibration engages within the budgeted run).
-        calibration_refit_every: refit the map after this many new pairs (paper: 64; default 4).
-        calibration_half_life: EMA half-life of the disagreement, in anchor groups (paper: 64; default 4).
-        calibration_freeze_after: anchor groups observed before the weight's scale freezes (paper: 32; default 2).
-        train_tasks: training task ids (none = the catalog's train split).
-        eval_tasks: held-out task ids (none = the catalog's test split).
-        eval_max_tasks: use only the first N held-out tasks (none = all; default 3 for the budget).
+        anchor_min_per_step: floor of anchor groups per step (0: the target share is met over
+            the run by error diffusion, not forced to one group per step).
+        calibration_start_pairs: anchor pairs before the first isotonic fit (paper: 200).
+        calibration_refit_every: refit the map after this many new pairs (paper: 64).
+        calibration_half_life: EMA half-life of the disagreement, in anchor groups (paper: 64).
+        calibration_freeze_after: anchor groups before the weight's scale freezes (paper: 32).
+        monitor_max_gap: threshold of the exploitation monitor's smoothed gap (none = watch only).
+        monitor_action: ``raise`` (double the anchor fraction) or ``stop`` when the gap exceeds it.
+        train_tasks: training task ids (none = the tier's train split).
+        eval_tasks: held-out task ids (none = the tier's test split).
+        eval_max_tasks: use only the first N held-out tasks (none = all).
         eval_k: samples per held-out task (avg@k).
-        eval_before: also evaluate the initial policy (the cost-0 point of the plot).
-        wall_seconds: time limit of one solution run in the sandbox.
-        vectorization: ``sync`` or ``async`` vector env.
-        save_policies: write each arm's trained weights to ``arms/<arm>-seed<s>/policy.pt``
-            (loadable by ``leaderboard --agents checkpoint:<that dir>``; ~0.5 GB each for SmolLM2).
+        eval_temperature: sampling temperature of the held-out evaluation.
+        wall_seconds: time limit of one solution run (none = each task's own limit).
+        vectorization: ``sync`` or ``async`` vector env (``sync`` keeps the CPU clock exact).
+        threads: torch CPU threads of the policy (1 spends the least CPU per token).
+        save_policies: write each arm's final weights to ``arms/<arm>-seed<s>/policy.pt``.
     """
 
     arms: tuple[str, ...] = ARMS
     seeds: tuple[int, ...] = (0,)
-    steps: int = 3
-    groups_per_step: int = 3
+    tier: str = "full"
+    budget_cpu_s: float = 180.0
+    eval_fractions: tuple[float, ...] = (0.0, 0.5, 1.0)
+    max_steps: int = 400
+    groups_per_step: int = 4
     group_size: int = 4
     max_turns: int = 1
-    max_new_tokens: int = 48
+    max_new_tokens: int = 32
     temperature: float = 1.0
-    learning_rate: float = 1e-5
-    micro_batch_size: int = 4
-    policy: str = "default"
+    learning_rate: float = 1e-3
+    micro_batch_size: int = 8
+    policy: str = "tiny-plan"
     scaffold: str = "plan"
     world_model: str = "default"
     anchor_fraction: float = 0.10
-    anchor_min_per_step: int = 1
-    calibration_start_pairs: int = 4
-    calibration_refit_every: int = 4
-    calibration_half_life: float = 4.0
-    calibration_freeze_after: int = 2
+    anchor_min_per_step: int = 0
+    calibration_start_pairs: int = 16
+    calibration_refit_every: int = 16
+    calibration_half_life: float = 8.0
+    calibration_freeze_after: int = 4
+    monitor_max_gap: float | None = None
+    monitor_action: str = "raise"
     train_tasks: tuple[str, ...] | None = None
     eval_tasks: tuple[str, ...] | None = None
-    eval_max_tasks: int | None = 3
+    eval_max_tasks: int | None = None
     eval_k: int = 2
-    eval_before: bool = False
-    wall_seconds: float = 60.0
+    eval_temperature: float = 1.0
+    wall_seconds: float | None = None
     vectorization: str = "sync"
+    threads: int = 1
     save_policies: bool = False
 
     def __post_init__(self) -> None:
         bad = [a for a in self.arms if a not in ARMS]
-        if bad or not self.arms:
-            raise ValueError(f"arms must be a non-empty subset of {ARMS}, got {self.arms!r}")
-        if len(set(self.arms)) != len(self.arms):
-            raise ValueError(f"arms repeat: {self.arms!r}")
+        if bad or not self.arms or len(set(self.arms)) != len(self.arms):
+            raise ValueError(f"arms must be distinct names from {ARMS}, got {self.arms!r}")
         if not self.seeds:
             raise ValueError("seeds must name at least one seed")
-        for name in ("steps", "groups_per_step", "group_size", "max_turns", "max_new_tokens", "eval_k"):
+        if self.tier not in ("small", "full"):
+            raise ValueError(f"tier must be 'small' or 'full', got {self.tier!r}")
+        if not self.budget_cpu_s > 0:
+            raise ValueError(f"budget_cpu_s must be > 0, got {self.budget_cpu_s}")
+        if (
+            not self.eval_fractions
+            or any(not 0.0 <= f <= 1.0 for f in self.eval_fractions)
+            or list(self.eval_fractions) != sorted(set(self.eval_fractions))
+        ):
+            raise ValueError(f"eval_fractions must be increasing fractions in [0, 1], got {self.eval_fractions!r}")
+        for name in ("max_steps", "groups_per_step", "group_size", "max_turns", "max_new_tokens", "eval_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.scaffold not in ("plan", "raw"):
             raise ValueError(f"scaffold must be 'plan' or 'raw', got {self.scaffold!r}")
+        if self.monitor_action not in ("raise", "stop"):
+            raise ValueError(f"monitor_action must be 'raise' or 'stop', got {self.monitor_action!r}")
 
     def calibration(self) -> CalibrationConfig:
         """The ``CalibrationWrapper`` settings of the WMRL arm."""
@@ -147,166 +180,280 @@ class SpeedupConfig:
             freeze_after=self.calibration_freeze_after,
         )
 
+    def env_kwargs(self) -> dict[str, Any]:
+        return {
+            "max_turns": self.max_turns,
+            "tier": self.tier,
+            **({"wall_seconds": self.wall_seconds} if self.wall_seconds else {}),
+        }
+
 
 CONFIG = SpeedupConfig
+
+
+# ------------------------------------------------------------------ held-out evaluation
+class _MemoExecutor:
+    """Held-out evaluation only: the first run of a (script, inputs, limits) is real, repeats
+    return its result (the plan scaffold's scripts are deterministic)."""
+
+    def __init__(self) -> None:
+        from wmrl_envs.sandbox import default_executor
+
+        self.executor = default_executor()
+        self.cache: dict[str, Any] = {}
+        self.runs = self.hits = 0
+
+    def run(
+        self, script: str, *, inputs: Mapping[str, Any] | None = None, outputs: Sequence[str] = (), limits: Any = None
+    ) -> Any:
+        key = hashlib.sha256(
+            repr((script, sorted((k, str(v)) for k, v in (inputs or {}).items()), tuple(outputs), limits)).encode()
+        ).hexdigest()
+        if key in self.cache:
+            self.hits += 1
+        else:
+            self.runs += 1
+            self.cache[key] = self.executor.run(script, inputs=inputs, outputs=outputs, limits=limits)
+        return self.cache[key]
+
+
+def _evaluate(
+    policy: Any, scaffold: Any, tasks: list[str], config: SpeedupConfig, seed: int, memo: _MemoExecutor
+) -> dict[str, Any]:
+    from agents.llm.evaluate import evaluate_heldout
+
+    wall0, cpu0 = time.perf_counter(), cpu_clock()
+    result = evaluate_heldout(
+        policy, scaffold, tasks, k=config.eval_k, max_new_tokens=config.max_new_tokens, temperature=config.eval_temperature,
+        seed=10_000 + seed, vectorization="sync", executor=memo, **config.env_kwargs(),
+    )  # fmt: skip
+    return {
+        "heldout": result.mean,
+        "valid_rate": result.valid_rate,
+        "tasks": {t.task_id: t.score for t in result.tasks},
+        "eval_wall_s": time.perf_counter() - wall0,
+        "eval_cpu_s": cpu_clock() - cpu0,
+    }
+
+
+# ------------------------------------------------------------------ one arm under a budget
+class _Budget:
+    """Trainer callback: stops the arm when its spent cost reaches the budget, and evaluates
+    (untimed) whenever the spent cost crosses the next evaluation fraction."""
+
+    def __init__(self, config: SpeedupConfig, evaluate: Any, first_point: dict[str, Any] | None) -> None:
+        self.config = config
+        self.evaluate = evaluate
+        self.wall0, self.cpu0 = time.perf_counter(), cpu_clock()
+        self.excluded_cpu = self.excluded_wall = 0.0
+        self.points: list[dict[str, Any]] = []
+        self.pending = [f for f in config.eval_fractions]
+        if first_point is not None and self.pending and self.pending[0] == 0.0:
+            self.points.append({"fraction": 0.0, "step": 0, "cost_cpu_s": 0.0, "wall_s": 0.0, **first_point})
+            self.pending.pop(0)
+
+    def spent(self) -> tuple[float, float]:
+        return cpu_clock() - self.cpu0 - self.excluded_cpu, time.perf_counter() - self.wall0 - self.excluded_wall
+
+    def measure(self, step: int) -> None:
+        cost, wall = self.spent()
+        point = self.evaluate()
+        self.excluded_cpu += point.pop("eval_cpu_s")
+        self.excluded_wall += point.pop("eval_wall_s")
+        self.points.append(
+            {
+                "fraction": min(1.0, cost / self.config.budget_cpu_s),
+                "step": step,
+                "cost_cpu_s": cost,
+                "wall_s": wall,
+                **point,
+            }
+        )
+
+    def __call__(self, step: int, metrics: dict[str, Any]) -> bool:
+        cost, _ = self.spent()
+        done = cost >= self.config.budget_cpu_s or step >= self.config.max_steps
+        crossed = [f for f in self.pending if cost >= f * self.config.budget_cpu_s]
+        if crossed or (done and self.pending):
+            self.pending = [f for f in self.pending if f not in crossed and not done]
+            self.measure(step)
+        return done
 
 
 def _sum(history: Sequence[Mapping[str, Any]], key: str) -> float:
     return float(sum(h.get(key) or 0.0 for h in history))
 
 
-def _arm_row(arm: str, seed: int, history: Sequence[Mapping[str, Any]], wall: float, cpu: float, config: SpeedupConfig) -> dict[str, Any]:
-    last = history[-1]
-    anchors = sum((h.get("anchor/realized_fraction") or 0.0) * config.groups_per_step for h in history)
+def _arm_row(
+    arm: str, seed: int, history: Sequence[Mapping[str, Any]], budget: _Budget, config: SpeedupConfig
+) -> dict[str, Any]:
+    cost, wall = budget.spent()
+    steps = len(history)
+    groups = steps * config.groups_per_step
+    anchors = sum((h.get("groups/anchor") or 0) for h in history)
+    gaps = [h["monitor/gap"] for h in history if h.get("monitor/gap") is not None]
+    ranks = [h["monitor/rank_agreement"] for h in history if h.get("monitor/rank_agreement") is not None]
+    scores = [p["heldout"] for p in budget.points if p["heldout"] is not None]
+    last = history[-1] if history else {}
     return {
         "arm": arm,
         "seed": seed,
-        "steps": len(history),
+        "steps": steps,
+        "cost_cpu_s": cost,
         "wall_s": wall,
-        "cpu_s": cpu,
+        "step_cpu_s": cost / steps if steps else None,
         "gen_cpu_s": _sum(history, "time/generation_cpu"),
         "real_grading_cpu_s": _sum(history, "time/real_grading_cpu"),
         "wm_grading_cpu_s": _sum(history, "time/wm_grading_cpu"),
         "update_cpu_s": _sum(history, "time/update_cpu"),
         "other_cpu_s": _sum(history, "time/env_other_cpu") + _sum(history, "time/env_reset_cpu"),
-        "gen_wall_s": _sum(history, "time/generation_wall"),
-        "real_grading_wall_s": _sum(history, "time/real_grading_wall"),
-        "wm_grading_wall_s": _sum(history, "time/wm_grading_wall"),
-        "update_wall_s": _sum(history, "time/update_wall"),
         "real_executions": int(_sum(history, "real_executions/step")),
-        # Anchor groups / groups over the run (the per-step floor may dominate the target).
-        "anchor_share": anchors / (len(history) * config.groups_per_step) if arm == "wmrl" else None,
+        "anchor_share": anchors / groups if arm == "wmrl" and groups else None,
+        "final_heldout": budget.points[-1]["heldout"] if budget.points else None,
+        "best_heldout": max(scores) if scores else None,
         "final_train_reward": last.get("reward/mean"),
         "anchor_weight": last.get("anchor/weight") if arm == "wmrl" else None,
-        "calibrated": (1.0 if last.get("calibration/fitted") else 0.0) if arm == "wmrl" else None,
-        "anchor_pairs": last.get("calibration/anchor_pairs_total") if arm == "wmrl" else None,
+        "monitor_gap": float(np.mean(gaps)) if gaps else None,
+        "monitor_rank_agreement": float(np.mean(ranks)) if ranks else None,
+        "curve": budget.points,
     }
 
 
-def speedup_ratios(real: Mapping[str, Any], arm: Mapping[str, Any], wmrl: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Measured and ideal ratios of one seed (see the module docstring); ``None`` when unknown."""
+# ------------------------------------------------------------------ the headline
+def cost_to_reach(curve: Sequence[Mapping[str, Any]], target: float) -> float | None:
+    """The first cost at which the piecewise-linear held-out curve reaches ``target``
+    (``None`` if it never does). Points with an unknown score are skipped.
 
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return a / b if a is not None and b else None
+    >>> cost_to_reach([{"cost_cpu_s": 0, "heldout": 0.2}, {"cost_cpu_s": 10, "heldout": 0.6}], 0.4)
+    5.0
+    """
+    points = [(float(p["cost_cpu_s"]), float(p["heldout"])) for p in curve if p.get("heldout") is not None]
+    for k, (c, s) in enumerate(points):
+        if s >= target:
+            if k == 0:
+                return c
+            c0, s0 = points[k - 1]
+            return c0 + (c - c0) * (target - s0) / (s - s0)
+    return None
 
-    G, R, U, O = (real[k] for k in ("gen_cpu_s", "real_grading_cpu_s", "update_cpu_s", "other_cpu_s"))
+
+def headline(real: Mapping[str, Any], wmrl: Mapping[str, Any]) -> dict[str, Any]:
+    """The cost-to-reach ratio of one seed (see the module docstring), with the reason when
+    it is undefined, and the ideal ratio of the measured per-step component costs."""
     out: dict[str, Any] = {
-        "arm": arm["arm"],
-        "seed": arm["seed"],
-        "wall_speedup": ratio(real["wall_s"], arm["wall_s"]),
-        "cpu_speedup": ratio(real["cpu_s"], arm["cpu_s"]),
-        "real_exec_share": ratio(arm["real_executions"], real["real_executions"]),
-        "ideal_at_anchor": None,
-        "ideal_no_anchor": None,
-        "grading_limit": None,
+        "seed": real["seed"],
+        "reach_ratio": None,
+        "real_reach_cost": None,
+        "wmrl_reach_cost": None,
+        "ideal_ratio": None,
     }
-    if wmrl is not None and real["real_executions"]:
-        W = wmrl["wm_grading_cpu_s"]
-        a = wmrl["real_executions"] / real["real_executions"]
-        out["ideal_at_anchor"] = ratio(G + R + U + O, G + W + U + O + a * R)
-        out["ideal_no_anchor"] = ratio(G + R + U + O, G + W + U + O)
-        out["grading_limit"] = ratio(R, W + a * R)
+    if real["steps"] and wmrl["steps"] and real["real_executions"]:
+        g, r, u, o = (
+            real[k] / real["steps"] for k in ("gen_cpu_s", "real_grading_cpu_s", "update_cpu_s", "other_cpu_s")
+        )
+        share = (wmrl["real_executions"] / wmrl["steps"]) / (real["real_executions"] / real["steps"])
+        w = wmrl["wm_grading_cpu_s"] / wmrl["steps"]
+        out["ideal_ratio"] = (g + r + u + o) / (g + w + u + o + share * r)
+    curve = real["curve"]
+    known = [p["heldout"] for p in curve if p["heldout"] is not None]
+    if len(known) < 2:
+        out["note"] = "real arm: fewer than two held-out points"
+        return out
+    target = known[-1]
+    if target <= known[0]:
+        out["note"] = f"undefined: the real arm ended at {target:.3f}, no higher than its start ({known[0]:.3f})"
+        return out
+    out["real_reach_cost"] = cost_to_reach(curve, target)
+    out["wmrl_reach_cost"] = cost_to_reach(wmrl["curve"], target)
+    if out["wmrl_reach_cost"] is None:
+        out["note"] = f"WMRL did not reach the real arm's final {target:.3f} within its budget"
+    elif out["wmrl_reach_cost"] > 0:
+        out["reach_ratio"] = out["real_reach_cost"] / out["wmrl_reach_cost"]
+        out["note"] = f"target {target:.3f}"
     return out
 
 
-def _warm_up(policy: Any, batch: int, max_new_tokens: int) -> None:
-    """One untimed batched generation and forward/backward pass, so the first arm does not
-    pay one-off costs (lazy initialisation, allocator growth) the later arms are spared."""
-    context = policy.chat_ids([{"role": "user", "content": "Write a plan: model, n_estimators, max_depth."}])
-    completions = policy.generate([context] * batch, max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, seed=0)
-    seqs = [context + list(c) for c in completions]
-    masks = [[0] * len(context) + [1] * len(c) for c in completions]
-    logprobs, _, mask = policy.token_logprobs(seqs, masks)
-    (logprobs * mask).sum().backward()
-    for p in policy.trainable_parameters():
-        p.grad = None
-
-
-def _evaluate(policy: Any, scaffold: Any, tasks: list[str], config: SpeedupConfig, seed: int) -> dict[str, Any]:
-    from agents.llm.evaluate import evaluate_heldout
-
-    # One slot per sample of every task: a single round, so generation is batched across tasks.
-    result = evaluate_heldout(
-        policy, scaffold, tasks, k=config.eval_k, max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-        seed=10_000 + seed, vectorization=config.vectorization, max_turns=config.max_turns, wall_seconds=config.wall_seconds,
-    )  # fmt: skip
-    rewards = [t.mean_reward for t in result.tasks if t.mean_reward is not None]
-    return {
-        "heldout_avg_at_k": result.mean,
-        "heldout_valid_rate": result.valid_rate,
-        "heldout_reward": sum(rewards) / len(rewards) if rewards else None,
-        "eval_wall_s": result.seconds,
-        "eval_tasks": [t.__dict__ for t in result.tasks],
-    }
-
-
+# ------------------------------------------------------------------ run
 def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[str, Any]:
-    """Train every arm for every seed, evaluate, write ``results.json``, ``results.md``,
-    ``heldout_vs_cost.png`` into ``run_dir`` (per-step metrics of every arm are in the JSON's
-    ``histories``; trained weights under ``arms/`` with ``save_policies``)."""
-    from agents.llm.scaffolds import make_scaffold
-    from agents.llm.trainer import GRPOConfig, train
+    """Every arm x seed under the budget; writes ``results.json``, ``results.md``,
+    ``heldout_vs_cost.png`` and ``monitor.png`` into ``run_dir``."""
+    import torch
 
+    from agents.llm.scaffolds import make_scaffold
+    from agents.llm.trainer import ExploitationGuard, GRPOConfig, train
+    from wmrl_envs.autoresearch.tasks import list_catalog
+
+    torch.set_num_threads(config.threads)
     started = time.perf_counter()
     load_start = os.getloadavg()
-    train_tasks = task_split("train", config.train_tasks)
-    eval_tasks = task_split("test", config.eval_tasks, config.eval_max_tasks)
+    train_tasks = list(config.train_tasks or list_catalog("train", tier=config.tier))
+    eval_tasks = list(config.eval_tasks or list_catalog("test", tier=config.tier))[: config.eval_max_tasks or None]
     world_model = load_world_model(config.world_model)
-    policy = load_policy(config.policy)
-    initial = policy.trainable_state_dict()
     scaffold = make_scaffold(config.scaffold)
-    num_envs = config.groups_per_step * config.group_size
-
-    _warm_up(policy, num_envs, config.max_new_tokens)
+    memo = _MemoExecutor()
     rows: list[dict[str, Any]] = []
-    before: list[dict[str, Any]] = []
     histories: dict[str, list[dict[str, Any]]] = {}
-    work = [(seed, arm) for seed in config.seeds for arm in config.arms]
-    bar = tqdm(work, desc="speedup", disable=not progress)
-    for seed, arm in bar:
-        bar.set_postfix(seed=seed, arm=arm)
-        policy.load_trainable_state_dict(initial)
-        policy.sync_backend()
-        if config.eval_before and arm == config.arms[0]:
-            before.append({"seed": seed, **_evaluate(policy, scaffold, eval_tasks, config, seed)})
-        env = make_vector_env(
-            "wmrl/AutoResearch-v0", num_envs, vectorization=config.vectorization, split="train", max_turns=config.max_turns, wall_seconds=config.wall_seconds
-        )
-        stack = build_stack(
-            env, arm, world_model, anchor_fraction=config.anchor_fraction, anchor_min_per_step=config.anchor_min_per_step, seed=seed,
-            calibration=config.calibration(),
-        )  # fmt: skip
-        grpo = GRPOConfig(
-            groups_per_step=config.groups_per_step, group_size=config.group_size, total_steps=config.steps,
-            max_new_tokens=config.max_new_tokens, temperature=config.temperature, learning_rate=config.learning_rate,
-            micro_batch_size=config.micro_batch_size, seed=seed, progress=progress,
-        )  # fmt: skip
-        wall0, cpu0 = time.perf_counter(), cpu_clock()
-        try:
-            history = train(policy, stack, scaffold, grpo, tasks=train_tasks).history
-        finally:
-            wall, cpu = time.perf_counter() - wall0, cpu_clock() - cpu0
-            stack.close()
-        histories[f"{arm}-seed{seed}"] = history
-        if config.save_policies:  # only the weights: the trainer's checkpoint adds the optimiser (x3 size)
-            import torch
+    guard_events: dict[str, list[dict[str, Any]]] = {}
+    bar = tqdm(total=len(config.seeds) * len(config.arms), desc="speedup", disable=not progress)
+    for seed in config.seeds:
+        policy = load_policy(config.policy, seed=seed)
+        initial = policy.trainable_state_dict()
+        start_point: dict[str, Any] | None = None
+        for arm in config.arms:
+            bar.set_postfix(seed=seed, arm=arm)
+            policy.load_trainable_state_dict(initial)
+            policy.sync_backend()
 
-            (run_dir / "arms" / f"{arm}-seed{seed}").mkdir(parents=True, exist_ok=True)
-            torch.save(policy.trainable_state_dict(), run_dir / "arms" / f"{arm}-seed{seed}" / "policy.pt")
-        row = _arm_row(arm, seed, history, wall, cpu, config)
-        row.update(_evaluate(policy, scaffold, eval_tasks, config, seed))
-        rows.append(row)
+            def evaluate() -> dict[str, Any]:  # used within this iteration only
+                return _evaluate(policy, scaffold, eval_tasks, config, seed, memo)  # noqa: B023
+
+            if start_point is None and config.eval_fractions[0] == 0.0:
+                start_point = evaluate()  # same weights and seed for every arm: measured once
+            budget = _Budget(config, evaluate, dict(start_point) if start_point else None)
+            env = make_vector_env(
+                "wmrl/AutoResearch-v0",
+                config.groups_per_step * config.group_size,
+                vectorization=config.vectorization,
+                split="train",
+                **config.env_kwargs(),
+            )
+            stack = build_stack(
+                env, arm, world_model, anchor_fraction=config.anchor_fraction, anchor_min_per_step=config.anchor_min_per_step,
+                seed=seed, calibration=config.calibration(),
+            )  # fmt: skip
+            callbacks: list[Any] = [budget]
+            guard = None
+            if arm == "wmrl" and config.monitor_max_gap is not None:
+                guard = ExploitationGuard(stack, max_gap=config.monitor_max_gap, action=config.monitor_action)
+                callbacks.insert(0, guard)
+            grpo = GRPOConfig(
+                groups_per_step=config.groups_per_step, group_size=config.group_size, total_steps=config.max_steps,
+                max_new_tokens=config.max_new_tokens, temperature=config.temperature, learning_rate=config.learning_rate,
+                micro_batch_size=config.micro_batch_size, seed=seed, progress=False, tensorboard=False,
+            )  # fmt: skip
+            try:
+                history = train(policy, stack, scaffold, grpo, tasks=train_tasks, callbacks=callbacks).history
+            finally:
+                stack.close()
+            if budget.pending:  # stopped early (guard): the remaining points are the final state
+                budget.measure(len(history))
+            histories[f"{arm}-seed{seed}"] = history
+            guard_events[f"{arm}-seed{seed}"] = guard.events if guard else []
+            if config.save_policies:
+                import torch
+
+                (run_dir / "arms" / f"{arm}-seed{seed}").mkdir(parents=True, exist_ok=True)
+                torch.save(policy.trainable_state_dict(), run_dir / "arms" / f"{arm}-seed{seed}" / "policy.pt")
+            rows.append(_arm_row(arm, seed, history, budget, config))
+            bar.update()
     bar.close()
 
-    ratios = []
+    heads = []
     for seed in config.seeds:
         by_arm = {r["arm"]: r for r in rows if r["seed"] == seed}
-        if "real" in by_arm:
-            ratios += [speedup_ratios(by_arm["real"], by_arm[a], by_arm.get("wmrl")) for a in config.arms if a != "real"]
+        if "real" in by_arm and "wmrl" in by_arm:
+            heads.append(headline(by_arm["real"], by_arm["wmrl"]))
     summary = summarize_seeds(rows, "arm", ARM_METRICS)
-    ratio_summary = summarize_seeds(ratios, "arm", RATIO_METRICS) if ratios else []
-    before_summary = summarize_seeds([{"arm": "initial", **b} for b in before], "arm", ("heldout_avg_at_k", "heldout_valid_rate", "heldout_reward")) if before else []
-
     result = {
         "experiment": NAME,
         "config": config_to_dict(config),
@@ -315,18 +462,25 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
         "total_wall_s": time.perf_counter() - started,
         "train_tasks": train_tasks,
         "eval_tasks": eval_tasks,
+        "eval_memo": {"real_runs": memo.runs, "repeats_served": memo.hits},
         "arms": summary,
-        "ratios": ratio_summary,
-        "initial_policy": before_summary,
-        "per_seed": {"arms": [{k: v for k, v in r.items() if k != "eval_tasks"} for r in rows], "ratios": ratios, "initial": before},
-        "eval_tasks_per_arm": {f"{r['arm']}-seed{r['seed']}": r["eval_tasks"] for r in rows},
+        "headline": heads,
+        "headline_summary": summarize_seeds([{"arm": "wmrl", **h} for h in heads], "arm", RATIO_METRICS)
+        if heads
+        else [],
+        "per_seed": [{k: v for k, v in r.items() if k != "curve"} for r in rows],
+        "curves": {f"{r['arm']}-seed{r['seed']}": r["curve"] for r in rows},
+        "guard_events": guard_events,
         "histories": histories,
     }
-    plot = _plot(summary, before_summary, run_dir / "heldout_vs_cost.png")
-    result["plot"] = str(plot)
+    plots = [str(_plot_curves(config, rows, run_dir / "heldout_vs_cost.png"))]
+    if "wmrl" in config.arms:
+        plots.append(str(_plot_monitor(histories, config, run_dir / "monitor.png")))
+    result["plots"] = plots
     return write_results(run_dir, result, tables(result))
 
 
+# ------------------------------------------------------------------ tables and plots
 def _pm(row: Mapping[str, Any], key: str, digits: int = 3) -> str | None:
     mean, sd = row.get(key), row.get(f"{key}_sd")
     if mean is None:
@@ -338,54 +492,127 @@ def _pm(row: Mapping[str, Any], key: str, digits: int = 3) -> str | None:
 def tables(result: Mapping[str, Any]) -> str:
     """The Markdown tables of a speedup result (mean ± sample sd over seeds)."""
     cfg = result["config"]
+    k = cfg["eval_k"]
     arm_rows = [
         {
-            "arm": r["arm"], "seeds": r["seeds"], "wall s": _pm(r, "wall_s"), "CPU s": _pm(r, "cpu_s"),
-            "gen CPU s": _pm(r, "gen_cpu_s"), "real grading CPU s": _pm(r, "real_grading_cpu_s"),
-            "WM grading CPU s": _pm(r, "wm_grading_cpu_s"), "update CPU s": _pm(r, "update_cpu_s"),
-            "other CPU s": _pm(r, "other_cpu_s"), "real executions": _pm(r, "real_executions"),
-            "anchor share": _pm(r, "anchor_share"), "final train reward": _pm(r, "final_train_reward"),
-            f"held-out avg@{cfg['eval_k']}": _pm(r, "heldout_avg_at_k"), "held-out valid rate": _pm(r, "heldout_valid_rate"),
-            "held-out reward": _pm(r, "heldout_reward"),
+            "arm": r["arm"], "seeds": r["seeds"], "budget CPU s": _pm(r, "cost_cpu_s"), "wall s": _pm(r, "wall_s"),
+            "steps": _pm(r, "steps"), "CPU s / step": _pm(r, "step_cpu_s"), "gen CPU s": _pm(r, "gen_cpu_s"),
+            "real grading CPU s": _pm(r, "real_grading_cpu_s"), "WM grading CPU s": _pm(r, "wm_grading_cpu_s"),
+            "update CPU s": _pm(r, "update_cpu_s"), "real executions": _pm(r, "real_executions"),
+            "anchor share": _pm(r, "anchor_share"), f"final held-out avg@{k}": _pm(r, "final_heldout"),
+            f"best held-out avg@{k}": _pm(r, "best_heldout"), "WM gap (anchors)": _pm(r, "monitor_gap"),
+            "WM rank agreement": _pm(r, "monitor_rank_agreement"),
         }
         for r in result["arms"]
     ]  # fmt: skip
     parts = [markdown_table(arm_rows)]
-    if result["ratios"]:
-        ratio_rows = [
+    if result["headline"]:
+        head_rows = [
             {
-                "arm vs real": r["arm"], "wall speedup": _pm(r, "wall_speedup"), "CPU speedup": _pm(r, "cpu_speedup"),
-                "real-exec share": _pm(r, "real_exec_share"), "ideal (at anchor share)": _pm(r, "ideal_at_anchor"),
-                "ideal (no anchors)": _pm(r, "ideal_no_anchor"), "grading-only limit": _pm(r, "grading_limit"),
+                "seed": h["seed"], "real arm reaches its final score at CPU s": _fmt(h.get("real_reach_cost")),
+                "WMRL first reaches it at CPU s": _fmt(h.get("wmrl_reach_cost")), "cost-to-reach ratio": _fmt(h.get("reach_ratio")),
+                "ideal ratio (component costs)": _fmt(h.get("ideal_ratio")), "note": h.get("note", ""),
             }
-            for r in result["ratios"]
+            for h in result["headline"]
         ]  # fmt: skip
-        parts.append(markdown_table(ratio_rows))
-    for r in result.get("initial_policy") or []:
-        parts.append(f"Initial policy (before training): held-out avg@{cfg['eval_k']} {_pm(r, 'heldout_avg_at_k')}, valid rate {_pm(r, 'heldout_valid_rate')}, reward {_pm(r, 'heldout_reward')}.")
-    wmrl = next((r for r in result["arms"] if r["arm"] == "wmrl"), None)
-    if wmrl is not None:
+        parts.append(markdown_table(head_rows))
+        s = result["headline_summary"][0] if result["headline_summary"] else {}
         parts.append(
-            f"WMRL anchors: target fraction {cfg['anchor_fraction']}, floor {cfg['anchor_min_per_step']} per step of "
-            f"{cfg['groups_per_step']} groups -> realized share {_pm(wmrl, 'anchor_share')}; calibration fitted at the end: "
-            f"{_pm(wmrl, 'calibrated')} (start_pairs={cfg['calibration_start_pairs']}), final anchor weight {_pm(wmrl, 'anchor_weight')}."
+            f"**Headline**: cost-to-reach ratio (real / WMRL) {_pm(s, 'reach_ratio') or 'undefined or not reached (see notes)'} "
+            f"over {len([h for h in result['headline'] if h.get('reach_ratio') is not None])} of {len(result['headline'])} seeds; "
+            f"ideal ratio from the measured component costs {_pm(s, 'ideal_ratio')}."
         )
+    curve_rows = []
+    for name, curve in result["curves"].items():
+        for p in curve:
+            curve_rows.append(
+                {
+                    "arm-seed": name,
+                    "fraction": round(p["fraction"], 2),
+                    "step": p["step"],
+                    "CPU s": round(p["cost_cpu_s"], 1),
+                    f"held-out avg@{k}": _fmt(p["heldout"]),
+                    "valid rate": _fmt(p["valid_rate"]),
+                }
+            )
+    parts.append(markdown_table(curve_rows))
     load = result["load_average"]
-    parts.append(f"Load average (1/5/15 min) at start {tuple(round(x, 1) for x in load['start'])}, at end {tuple(round(x, 1) for x in load['end'])}; {result['machine']['cpus']} CPUs; total {result['total_wall_s']:.0f} s.")
+    parts.append(
+        f"Tier `{cfg['tier']}`, budget {cfg['budget_cpu_s']:g} CPU-s per arm, {cfg['groups_per_step']} groups x {cfg['group_size']} per step, "
+        f"anchor fraction {cfg['anchor_fraction']} (floor {cfg['anchor_min_per_step']}/step), policy `{cfg['policy']}`. Held-out: "
+        f"{', '.join(result['eval_tasks'])} (avg@{k}, real execution, untimed; {result['eval_memo']['real_runs']} real runs, "
+        f"{result['eval_memo']['repeats_served']} repeated scripts served from their first run). Load average (1/5/15 min) at start "
+        f"{tuple(round(x, 1) for x in load['start'])}, at end {tuple(round(x, 1) for x in load['end'])}; "
+        f"{result['machine']['cpus']} CPUs; total {result['total_wall_s']:.0f} s."
+    )
     return "\n\n".join(parts)
 
 
-def _plot(summary: Sequence[Mapping[str, Any]], before: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    use_score = all(r.get("heldout_avg_at_k") is not None for r in summary)
-    key, label = ("heldout_avg_at_k", "held-out avg@k (real execution)") if use_score else ("heldout_reward", "held-out mean reward\n(avg@k unknown: no leaderboards)")
-    fig, ax = new_figure()
-    for r in summary:
-        ax.errorbar(r["cpu_s"], r[key] if r[key] is not None else float("nan"), xerr=r["cpu_s_sd"] or 0, yerr=r[f"{key}_sd"] or 0, fmt="o", capsize=3, label=r["arm"])
-    for b in before:
-        if b.get(key) is not None:
-            ax.axhline(b[key], color="grey", ls="--", lw=1, label="initial policy")
-    ax.set_xlabel("training CPU seconds (this process + sandbox children)")
-    ax.set_ylabel(label)
-    ax.set_title("held-out score vs training cost")
-    ax.legend()
+def _fmt(x: Any) -> str:
+    return "—" if x is None else f"{x:.3g}"
+
+
+_COLORS = {"real": "tab:red", "wm": "tab:grey", "wmrl": "tab:blue"}
+_STYLES = {"real": "-", "wm": ":", "wmrl": "--"}
+
+
+def _plot_curves(config: SpeedupConfig, rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Held-out score vs CPU cost per arm: the mean over seeds on a common grid, with the
+    min-max band of the seeds."""
+    fig, ax = new_figure(7.5, 4.2)
+    grid = np.linspace(0, config.budget_cpu_s, 41)
+    all_y: list[float] = []
+    for arm in config.arms:
+        curves = []
+        for r in rows:
+            if r["arm"] != arm:
+                continue
+            pts = [(p["cost_cpu_s"], p["heldout"]) for p in r["curve"] if p["heldout"] is not None]
+            if pts:
+                xs, ys = zip(*pts)
+                curves.append(np.interp(grid, xs, ys, right=np.nan))
+                ax.plot(xs, ys, _STYLES[arm], color=_COLORS[arm], alpha=0.25, lw=0.8, marker=".")
+                all_y += list(ys)
+        if curves:
+            stack = np.array(curves)
+            ax.plot(
+                grid,
+                np.nanmean(stack, axis=0),
+                _STYLES[arm],
+                color=_COLORS[arm],
+                lw=2,
+                label=f"{arm} (mean of {len(curves)} seed(s))",
+            )
+            if len(curves) > 1:
+                ax.fill_between(
+                    grid, np.nanmin(stack, axis=0), np.nanmax(stack, axis=0), color=_COLORS[arm], alpha=0.12
+                )
+    if all_y:
+        pad = max(0.02, 0.1 * (max(all_y) - min(all_y)))
+        ax.set_ylim(min(all_y) - pad, max(all_y) + pad)
+    ax.set_xlabel("training cost, CPU-seconds (process + sandbox children)")
+    ax.set_ylabel(f"held-out avg@{config.eval_k} (real execution)")
+    ax.set_title(f"held-out score vs compute, tier '{config.tier}'")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    return save_figure(fig, path)
+
+
+def _plot_monitor(histories: Mapping[str, Sequence[Mapping[str, Any]]], config: SpeedupConfig, path: Path) -> Path:
+    """The exploitation monitor of the WMRL arm: gap and rank agreement per step, per seed."""
+    fig, axes = new_figure(10.0, 3.6, ncols=2)
+    for name, history in histories.items():
+        if not name.startswith("wmrl-"):
+            continue
+        for ax, key in zip(axes, ("monitor/gap", "monitor/rank_agreement")):
+            pts = [(h["step"], h[key]) for h in history if h.get(key) is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", ms=3, lw=1, label=name)
+    axes[0].axhline(0.0, color="grey", lw=0.8)
+    if config.monitor_max_gap is not None:
+        axes[0].axhline(config.monitor_max_gap, color="tab:red", ls="--", lw=0.8, label="max_gap")
+    axes[0].set_title("calibrated WM score - real score (anchor groups)")
+    axes[1].set_title("within-group rank agreement (Spearman)")
+    for ax in axes:
+        ax.set_xlabel("training step")
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     return save_figure(fig, path)

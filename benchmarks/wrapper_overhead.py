@@ -23,7 +23,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -110,7 +111,9 @@ def stack_overhead(episodes: int = 512, repeats: int = 7, num_envs: int = 8) -> 
     """Median microseconds per episode step: bare env vs the full stack (single and vector)."""
     rng = np.random.default_rng(1)
     tasks, n_actions, group = 64, 16, 8
-    table = {(t, a): Outcome("valid", float(rng.random()), source="env") for t in range(tasks) for a in range(n_actions)}
+    table = {
+        (t, a): Outcome("valid", float(rng.random()), source="env") for t in range(tasks) for a in range(n_actions)
+    }
     wm = _LookupWorldModel(table)
     plan = [(int(rng.integers(tasks)), int(rng.integers(n_actions))) for _ in range(episodes)]
 
@@ -126,7 +129,9 @@ def stack_overhead(episodes: int = 512, repeats: int = 7, num_envs: int = 8) -> 
             env.step(action)
 
     def make_stack() -> gym.Env:
-        return CalibrationWrapper(AnchorWrapper(WorldModelWrapper(_LookupEnv(table), wm), fraction=0.1, seed=0), start_pairs=64)
+        return CalibrationWrapper(
+            AnchorWrapper(WorldModelWrapper(_LookupEnv(table), wm), fraction=0.1, seed=0), start_pairs=64
+        )
 
     def vector_block(venv: gym.vector.VectorEnv, grouped: bool) -> None:
         for k in range(0, episodes, num_envs):
@@ -214,14 +219,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
 
     refit = refit_times(args.pairs, args.repeats)
-    print(f"isotonic refit on {refit['pairs']} pairs: {refit['refit_s'] * 1e3:.2f} ms (median of {args.repeats}); "
-          f"mapping {refit['batch']} scores: {refit['transform_s'] * 1e6:.0f} us")
+    print(
+        f"isotonic refit on {refit['pairs']} pairs: {refit['refit_s'] * 1e3:.2f} ms (median of {args.repeats}); "
+        f"mapping {refit['batch']} scores: {refit['transform_s'] * 1e6:.0f} us"
+    )
 
     over = stack_overhead(args.episodes, args.repeats)
     print(f"\nper episode step (one-turn episodes incl. reset; median of {args.repeats} blocks of {over['episodes']}):")
     print(f"  {'':18}{'bare env':>12}{'full stack':>12}{'overhead':>12}{'ratio':>8}")
-    for name, b, s in (("single env", over["bare_us"], over["stack_us"]),
-                       (f"Sync x{over['num_envs']}", over["vector_bare_us"], over["vector_stack_us"])):
+    for name, b, s in (
+        ("single env", over["bare_us"], over["stack_us"]),
+        (f"Sync x{over['num_envs']}", over["vector_bare_us"], over["vector_stack_us"]),
+    ):
         print(f"  {name:18}{b:>10.1f}us{s:>10.1f}us{s - b:>10.1f}us{s / b:>8.2f}")
 
     result: dict[str, Any] = {"refit": refit, "overhead": over}
@@ -231,8 +240,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if "skipped" in speed:
             print(f"\nWM vs sandbox: skipped ({speed['skipped']})")
         else:
-            print(f"\nWM vs sandbox on the same {speed['solutions']} solutions of {speed['task']} "
-                  f"(sequential sandbox runs; CodeOutcomeModel {speed['model']}, one batched call):")
+            print(
+                f"\nWM vs sandbox on the same {speed['solutions']} solutions of {speed['task']} "
+                f"(sequential sandbox runs; CodeOutcomeModel {speed['model']}, one batched call):"
+            )
             print(f"  {'sandbox':>12}{'world model':>14}{'ratio':>10}")
             print(f"  {speed['sandbox_per_s']:>10.2f}/s{speed['wm_per_s']:>12.1f}/s{speed['ratio']:>9.0f}x")
     return result

@@ -21,8 +21,15 @@ from wmrl_envs.sandbox.image import docker_client
 from wmrl_envs.sandbox.local import LocalConfig
 
 #: Small limits so hostile scripts are cut quickly (the test budget is ~3 min on 2 cores).
-SMALL = Limits(wall_seconds=4, cpu_seconds=2, memory_bytes=256 << 20, max_processes=16,
-               max_file_bytes=8 << 20, max_output_bytes=1 << 20, tail_bytes=4096)
+SMALL = Limits(
+    wall_seconds=4,
+    cpu_seconds=2,
+    memory_bytes=256 << 20,
+    max_processes=16,
+    max_file_bytes=8 << 20,
+    max_output_bytes=1 << 20,
+    tail_bytes=4096,
+)
 
 
 #: A uid range of this test process alone, so host checks see no other process's sandboxes.
@@ -133,4 +140,6 @@ def sandbox_processes() -> list[int]:
 
 def sandbox_containers(executor) -> list:
     """Containers (any state) the Docker backend created and did not remove."""
-    return executor.client.containers.list(all=True, filters={"label": f"org.wmrl.sandbox.executor={executor.instance_id}"})
+    return executor.client.containers.list(
+        all=True, filters={"label": f"org.wmrl.sandbox.executor={executor.instance_id}"}
+    )

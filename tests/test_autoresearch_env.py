@@ -62,7 +62,14 @@ def test_reward_ladder_on_real_runs(executor, task_id, trivial):
     _, r_last, terminated, _, info = env.step(_reply("open('submission.csv', 'w').write('id,prediction\\n1,2\\n')\n"))
     assert info.get("outcome").status == "no_submission" and "expected exactly" in info.get("outcome").feedback
     assert terminated and info.get("trajectory_reward") == strong.score and r_strong == strong.score and r_last == 0.0
-    assert [o.status for o in info["outcomes"]] == ["valid", "valid", "syntax_error", "runtime_error", "no_submission", "no_submission"]
+    assert [o.status for o in info["outcomes"]] == [
+        "valid",
+        "valid",
+        "syntax_error",
+        "runtime_error",
+        "no_submission",
+        "no_submission",
+    ]
 
 
 def test_private_answers_are_unreachable_from_a_solution(executor):
@@ -71,9 +78,9 @@ def test_private_answers_are_unreachable_from_a_solution(executor):
 import json, os
 found = []
 candidates = ["../private/answers.csv", "../../private/answers.csv", "data/../private/answers.csv",
-              "../private/leaderboard.json", {str(task.private_dir / 'answers.csv')!r},
-              {str(task.root / 'private')!r}, "/proc/self/cwd/../private/answers.csv",
-              "/proc/1/root" + {str(task.private_dir / 'answers.csv')!r}]
+              "../private/leaderboard.json", {str(task.private_dir / "answers.csv")!r},
+              {str(task.root / "private")!r}, "/proc/self/cwd/../private/answers.csv",
+              "/proc/1/root" + {str(task.private_dir / "answers.csv")!r}]
 for path in candidates:
     if os.path.exists(path):
         found.append(path)
@@ -128,7 +135,9 @@ def test_harness_failure_is_unknown_not_zero(executor, tmp_path):
     env = AutoResearchEnv(str(root), executor=executor, max_turns=1)
     env.reset(seed=0)
     (root / "private" / "answers.csv").unlink()  # the grader cannot score
-    _, reward, _, _, info = env.step(_reply("import shutil\nshutil.copy('data/sample_submission.csv', 'submission.csv')\n"))
+    _, reward, _, _, info = env.step(
+        _reply("import shutil\nshutil.copy('data/sample_submission.csv', 'submission.csv')\n")
+    )
     assert info["graded"] and info.get("outcome") is None and reward == 0.0 and info.get("trajectory_reward") is None
 
 
@@ -151,7 +160,17 @@ def test_request_info_topics_reveal_no_hidden_labels():
     env = AutoResearchEnv("chile", max_turns=12)
     env.reset(seed=0)
     answers = get_task("chile").read_answers()
-    for topic in ("overview", "data_head", "column_stats", "target_distribution", "metric", "sample_submission", "leaderboard", "help", "bogus"):
+    for topic in (
+        "overview",
+        "data_head",
+        "column_stats",
+        "target_distribution",
+        "metric",
+        "sample_submission",
+        "leaderboard",
+        "help",
+        "bogus",
+    ):
         obs, reward, _, _, info = env.step(f"REQUEST_INFO: {topic}")
         assert info["action_type"] == "request_info" and reward == 0.0 and not info["graded"]
         assert len(obs) <= env.config.max_obs_chars
@@ -164,7 +183,9 @@ def test_request_info_topics_reveal_no_hidden_labels():
 
 
 def test_sync_vector_env_cheap_turns():
-    envs = gym.vector.SyncVectorEnv([lambda t=t: gym.make(f"wmrl/AutoResearch-{t}-v0", max_turns=2) for t in ("wine", "hmda")])
+    envs = gym.vector.SyncVectorEnv(
+        [lambda t=t: gym.make(f"wmrl/AutoResearch-{t}-v0", max_turns=2) for t in ("wine", "hmda")]
+    )
     obs, infos = envs.reset(seed=0)
     assert list(infos["task_id"]) == ["wine", "hmda"] and all("Data inventory" in o for o in obs)
     obs, rew, term, trunc, infos = envs.step(["REQUEST_INFO: metric", "no code here"])

@@ -27,7 +27,9 @@ from wmrl_envs.autoresearch.tasks import get_task
 def test_metric_values_match_hand_computation():
     assert score("accuracy", ["a", "b", "a", "a"], ["a", "b", "b", "a"]) == 0.75
     # macro F1 for classes a, b: F1(a) = 2*2/(2*2+1) = 0.8, F1(b) = 2*1/(2*1+1) = 2/3
-    assert score("macro_f1", ["a", "b", "a", "a"], ["a", "b", "b", "a"], classes=["a", "b"]) == pytest.approx((0.8 + 2 / 3) / 2)
+    assert score("macro_f1", ["a", "b", "a", "a"], ["a", "b", "b", "a"], classes=["a", "b"]) == pytest.approx(
+        (0.8 + 2 / 3) / 2
+    )
     assert score("rmse", [1, 2, 3], [1, 2, 5]) == pytest.approx(math.sqrt(4 / 3))
     assert score("mae", [1, 2, 3], [2, 2, 1]) == pytest.approx(1.0)
     assert score("rmsle", [0, math.e - 1], [0, 0]) == pytest.approx(math.sqrt(0.5))
@@ -92,11 +94,15 @@ def test_valid_submission_scores_and_is_order_insensitive(binary_task):
     ans = binary_task.read_answers()
     truth = (ans[binary_task.target].astype(str) == binary_task.positive_class).to_numpy(dtype=float)
     noise = np.random.default_rng(0).uniform(0, 0.5, len(ans))
-    informative = pd.DataFrame({binary_task.id_column: ans[binary_task.id_column], binary_task.target: 0.25 + 0.5 * truth + noise * 0.4})
+    informative = pd.DataFrame(
+        {binary_task.id_column: ans[binary_task.id_column], binary_task.target: 0.25 + 0.5 * truth + noise * 0.4}
+    )
     score = score_submission(binary_task, informative)
     assert score > 0.9
     assert score_submission(binary_task, informative.sample(frac=1.0, random_state=0)) == score
-    misaligned = informative.assign(**{binary_task.target: informative[binary_task.target].sample(frac=1.0, random_state=0).to_numpy()})
+    misaligned = informative.assign(
+        **{binary_task.target: informative[binary_task.target].sample(frac=1.0, random_state=0).to_numpy()}
+    )
     assert score_submission(binary_task, misaligned) < 0.7
 
 
@@ -112,13 +118,22 @@ def test_perfect_submission_scores_perfectly(label_task, multiclass_task):
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        (lambda s, t: s.rename(columns={t.target: "prediction"}), r"has columns \['id', 'prediction'\]; expected exactly \['id', 'Status'\] \(missing \['Status'\]; unexpected \['prediction'\]\)"),
+        (
+            lambda s, t: s.rename(columns={t.target: "prediction"}),
+            r"has columns \['id', 'prediction'\]; expected exactly \['id', 'Status'\] \(missing \['Status'\]; unexpected \['prediction'\]\)",
+        ),
         (lambda s, t: s[[t.target, t.id_column]], r"wrong order"),
         (lambda s, t: pd.concat([s, s.iloc[:2]]), r"2 duplicate ids in 'id', e\.g\. \["),
         (lambda s, t: s.iloc[:-3], r"has 747 rows; expected 750 \(one per id of test.csv\); 3 test ids are missing"),
         (lambda s, t: s.assign(id=s["id"] + 100000), r"750 test ids are missing.*750 ids are not test ids"),
-        (lambda s, t: s.assign(Status=[np.nan] + [0.5] * (len(s) - 1)), r"column 'Status' has 1 missing \(NaN\) values"),
-        (lambda s, t: s.assign(Status="high"), r"column 'Status' must be numeric; found non-numeric values such as \['high'\]"),
+        (
+            lambda s, t: s.assign(Status=[np.nan] + [0.5] * (len(s) - 1)),
+            r"column 'Status' has 1 missing \(NaN\) values",
+        ),
+        (
+            lambda s, t: s.assign(Status="high"),
+            r"column 'Status' must be numeric; found non-numeric values such as \['high'\]",
+        ),
         (lambda s, t: s.assign(Status=1.5), r"holds probabilities and must lie in \[0, 1\]"),
         (lambda s, t: s.assign(Status=np.inf), r"infinite values"),
     ],
@@ -130,7 +145,9 @@ def test_validation_messages_name_the_problem(binary_task, mutate, message):
 
 def test_validation_of_labels_and_probability_columns(label_task, multiclass_task):
     sub = _valid(label_task).assign(vote="maybe")
-    with pytest.raises(SubmissionError, match=r"values that are not classes: \['maybe'\]; classes are \['A', 'N', 'U', 'Y'\]"):
+    with pytest.raises(
+        SubmissionError, match=r"values that are not classes: \['maybe'\]; classes are \['A', 'N', 'U', 'Y'\]"
+    ):
         validate_submission(label_task, sub, _ids(label_task))
     sub = _valid(multiclass_task).drop(columns=["class_2"])
     with pytest.raises(SubmissionError, match=r"missing \['class_2'\]"):

@@ -90,7 +90,7 @@ def test_pool_logs_cover_every_status_and_follow_the_contract():
 
 
 def test_best_reference_solution_tops_its_leaderboard_in_the_logs():
-    rec = [json.loads(l) for l in (logs_root() / "penguins.jsonl").read_text().splitlines()]
+    rec = [json.loads(line) for line in (logs_root() / "penguins.jsonl").read_text().splitlines()]
     scores = {r["solution_id"]: r["outcome"]["score"] for r in rec}
     assert scores["majority"] < 0.7 < max(scores.values()) == 1.0
 

@@ -20,48 +20,95 @@ def _read(run_dir):
     return result, markdown, config
 
 
-def test_speedup_minimal_run_is_internally_consistent(tmp_path, capsys):
+def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
     run_dir = tmp_path / "speedup"
-    rc = main(["speedup", "--config", "speedup-smoke", "--run-dir", str(run_dir), "--no-progress", "--eval-before", "false", "--max-new-tokens", "20", "--eval-k", "1"])
+    rc = main(
+        ["speedup", "--config", "speedup-smoke", "--run-dir", str(run_dir), "--no-progress", "--monitor-max-gap", "0.0"]
+    )
     assert rc == 0
     result, markdown, config = _read(run_dir)
     out = capsys.readouterr().out
-    assert "heldout_vs_cost.png" in out and "results.json" in out  # the CLI says where things are
-    assert (run_dir / "heldout_vs_cost.png").stat().st_size > 0
-    assert config["policy"] == "tiny-plan" and config["steps"] == 2
+    assert "heldout_vs_cost.png" in out and "monitor.png" in out and "results.json" in out
+    assert (run_dir / "heldout_vs_cost.png").stat().st_size > 0 and (run_dir / "monitor.png").stat().st_size > 0
+    assert config["policy"] == "tiny-plan" and config["budget_cpu_s"] == 20.0
 
-    arms = {r["arm"]: r for r in result["per_seed"]["arms"]}
+    arms = {r["arm"]: r for r in result["per_seed"]}
     assert set(arms) == {"real", "wm", "wmrl"}
-    for arm in ("real", "wm", "wmrl"):
+    for arm, row in arms.items():
         assert f"| {arm} |" in markdown
-        row = arms[arm]
-        assert row["steps"] == 2 and len(result["histories"][f"{arm}-seed0"]) == 2
-        parts = sum(row[k] for k in ("gen_cpu_s", "real_grading_cpu_s", "wm_grading_cpu_s", "update_cpu_s", "other_cpu_s"))
-        assert 0 < parts <= row["cpu_s"] * 1.05 + 1.0  # components are part of the measured total
-        assert row["gen_cpu_s"] > 0 and row["wall_s"] > 0
-    # The raw world-model arm never executes; the real arm executes every graded request;
-    # WMRL executes only its anchor groups (at most group_size x max_turns per anchor group).
-    assert arms["wm"]["real_executions"] == 0 and arms["wm"]["real_grading_cpu_s"] < 0.5
-    assert arms["real"]["real_executions"] > 0
-    anchor_groups = round(arms["wmrl"]["anchor_share"] * 2 * 2)
-    assert anchor_groups == 2  # floor of 1 anchor group in each of the 2 steps of 2 groups
-    assert arms["wmrl"]["real_executions"] <= anchor_groups * 2
-    # Ratios are exactly those of the measured numbers in the same file.
-    ratios = {r["arm"]: r for r in result["per_seed"]["ratios"]}
-    for arm in ("wm", "wmrl"):
-        assert ratios[arm]["wall_speedup"] == pytest.approx(arms["real"]["wall_s"] / arms[arm]["wall_s"])
-        assert ratios[arm]["cpu_speedup"] == pytest.approx(arms["real"]["cpu_s"] / arms[arm]["cpu_s"])
-        assert ratios[arm]["real_exec_share"] == pytest.approx(arms[arm]["real_executions"] / arms["real"]["real_executions"])
-        assert ratios[arm]["ideal_no_anchor"] >= ratios[arm]["ideal_at_anchor"] > 0
-    assert ratios["wm"]["real_exec_share"] == 0.0
-    assert "wall speedup" in markdown and "ideal (at anchor share)" in markdown
-    for r in result["arms"]:
-        assert r["heldout_avg_at_k"] is None or 0.0 <= r["heldout_avg_at_k"] <= 1.0
-        assert 0.0 <= r["heldout_valid_rate"] <= 1.0
+        curve = result["curves"][f"{arm}-seed0"]
+        # Every arm spends its budget (stopping at the first step boundary past it) and is
+        # evaluated at the start (shared) and at the end; evaluation is not part of the cost.
+        assert row["cost_cpu_s"] >= 20.0 and row["steps"] == len(result["histories"][f"{arm}-seed0"]) >= 1
+        assert [p["fraction"] for p in curve] == [0.0, 1.0] and curve[-1]["cost_cpu_s"] == pytest.approx(
+            row["cost_cpu_s"], rel=0.05
+        )
+        assert curve[0] == result["curves"]["real-seed0"][0]  # same initial weights: one start point
+        parts = sum(
+            row[k] for k in ("gen_cpu_s", "real_grading_cpu_s", "wm_grading_cpu_s", "update_cpu_s", "other_cpu_s")
+        )
+        assert 0 < parts <= row["cost_cpu_s"] * 1.05 + 1.0  # components are part of the measured total
+    # The raw world-model arm never executes; WMRL executes only its anchor groups.
+    assert arms["wm"]["real_executions"] == 0 and arms["real"]["real_executions"] > 0
+    wmrl_groups = arms["wmrl"]["steps"] * 2
+    assert arms["wmrl"]["real_executions"] <= round(arms["wmrl"]["anchor_share"] * wmrl_groups) * 2
+    # The headline is derived from the same curves; an undefined ratio says why.
+    [head] = result["headline"]
+    assert head["reach_ratio"] is not None or head["note"]
+    assert head["ideal_ratio"] is None or head["ideal_ratio"] > 0
+    assert "cost-to-reach ratio" in markdown and "ideal ratio" in markdown
+    # max_gap 0 with action "raise": any positive gap on an anchor group raises the fraction.
+    events = result["guard_events"]["wmrl-seed0"]
+    gaps = [h["monitor/gap"] for h in result["histories"]["wmrl-seed0"] if h.get("monitor/gap") is not None]
+    assert bool(events) == any(g > 0 for g in gaps)
 
 
-# ------------------------------------------------------------------ ablation
-SMALL_CAL = dict(calibration_start_pairs=24, calibration_refit_every=8, calibration_half_life=8.0, calibration_freeze_after=3)
+def test_cost_to_reach_and_headline():
+    from benchmarks.speedup import cost_to_reach, headline
+
+    curve = [
+        {"cost_cpu_s": 0.0, "heldout": 0.2},
+        {"cost_cpu_s": 10.0, "heldout": 0.5},
+        {"cost_cpu_s": 20.0, "heldout": 0.4},
+    ]
+    assert (
+        cost_to_reach(curve, 0.2) == 0.0
+        and cost_to_reach(curve, 0.35) == pytest.approx(5.0)
+        and cost_to_reach(curve, 0.6) is None
+    )
+    costs = {
+        "gen_cpu_s": 2.0,
+        "real_grading_cpu_s": 16.0,
+        "update_cpu_s": 2.0,
+        "other_cpu_s": 0.0,
+        "wm_grading_cpu_s": 0.0,
+    }
+    real = {"seed": 0, "steps": 2, "real_executions": 16, "curve": curve, **costs}
+    wmrl = {
+        "seed": 0,
+        "steps": 8,
+        "real_executions": 8,
+        "wm_grading_cpu_s": 0.8,
+        "curve": [{"cost_cpu_s": 0.0, "heldout": 0.2}, {"cost_cpu_s": 4.0, "heldout": 0.6}],
+        **{k: v for k, v in costs.items() if k != "wm_grading_cpu_s"},
+    }
+    h = headline(real, wmrl)
+    # The real arm ends at 0.4 and first reaches it at 20/3 CPU-s; WMRL reaches 0.4 at 2 CPU-s.
+    assert h["real_reach_cost"] == pytest.approx(20 / 3) and h["wmrl_reach_cost"] == pytest.approx(2.0)
+    assert h["reach_ratio"] == pytest.approx(10 / 3)
+    # Per step: real 1 + 8 + 1 = 10 CPU-s; WMRL 1 + 0.1 + 1 + (1/8) * 8 = 3.1 CPU-s.
+    assert h["ideal_ratio"] == pytest.approx(10 / 3.1)
+    flat = headline({**real, "curve": [{"cost_cpu_s": 0.0, "heldout": 0.3}, {"cost_cpu_s": 9.0, "heldout": 0.3}]}, wmrl)
+    assert flat["reach_ratio"] is None and "no higher than its start" in flat["note"]
+    never = headline(
+        real, {**wmrl, "curve": [{"cost_cpu_s": 0.0, "heldout": 0.1}, {"cost_cpu_s": 5.0, "heldout": 0.3}]}
+    )
+    assert never["reach_ratio"] is None and "did not reach" in never["note"]
+
+
+SMALL_CAL = dict(
+    calibration_start_pairs=24, calibration_refit_every=8, calibration_half_life=8.0, calibration_freeze_after=3
+)
 
 
 def _ablation_args(run_dir, *extra):
@@ -75,11 +122,13 @@ def test_ablation_minimal_run_reports_every_variant_for_both_normalisations(tmp_
     run_dir = tmp_path / "ablation"
     assert main(_ablation_args(run_dir)) == 0
     result, markdown, _ = _read(run_dir)
-    assert (run_dir / "ablation_gradient.png").stat().st_size > 0 and (run_dir / "ablation_training.png").stat().st_size > 0
+    assert (run_dir / "ablation_gradient.png").stat().st_size > 0 and (
+        run_dir / "ablation_training.png"
+    ).stat().st_size > 0
     assert "**GRPO (std-scaled advantages)**" in markdown and "**Dr.GRPO (centred advantages, no std)**" in markdown
     rows = {(r["world_model"], r["normalisation"], r["variant"]): r for r in result["summary"]}
     assert len(rows) == 2 * 2 * 6
-    for (wm, norm, variant), row in rows.items():
+    for (wm, _norm, variant), row in rows.items():
         assert row["seeds"] == 2 and f"| {wm} | {variant} |" in markdown
         assert 0.0 <= row["grad_err"] <= 1.0 and 0.0 <= row["heldout_score"] <= 1.0
         if variant in ("none", "debias", "wm-only", "real"):
@@ -113,18 +162,36 @@ def test_ablation_policy_gradient_is_the_grpo_loss_gradient():
     agents.grpo.grpo_loss over the same members (zero advantages dropped as the trainer does)."""
     import numpy as np
 
-    from benchmarks.ablation import AnchorScheduler, SoftmaxPolicy, _Arm, _draw, _loss, _scorer, load_tasks, policy_gradient
+    from benchmarks.ablation import (
+        AnchorScheduler,
+        SoftmaxPolicy,
+        _Arm,
+        _draw,
+        _loss,
+        _scorer,
+        load_tasks,
+        policy_gradient,
+    )
 
     config = _small(oracle_sigma=0.2)
     train, _ = load_tasks(config)
     policy = SoftmaxPolicy(len(train.vocabulary))
     policy.theta.data[:] = torch_randn(len(train.vocabulary))
-    batch = _draw(policy, train, _scorer("noisy-oracle", config, train, 0, None), AnchorScheduler(0.3, seed=1), config, np.random.default_rng(2))
+    batch = _draw(
+        policy,
+        train,
+        _scorer("noisy-oracle", config, train, 0, None),
+        AnchorScheduler(0.3, seed=1),
+        config,
+        np.random.default_rng(2),
+    )
     for norm in ("std", "centred"):
         adv = _Arm("none", config).advantages(batch, norm)
         policy.theta.grad = None
         _loss(policy, train, batch, adv).backward()
-        assert np.allclose(policy_gradient(train, batch, adv, len(train.vocabulary)), -policy.theta.grad.numpy(), atol=1e-12)
+        assert np.allclose(
+            policy_gradient(train, batch, adv, len(train.vocabulary)), -policy.theta.grad.numpy(), atol=1e-12
+        )
 
 
 def torch_randn(n):
@@ -196,7 +263,11 @@ def test_leaderboard_minimal_run(tmp_path):
     assert (run_dir / "leaderboard.png").stat().st_size > 0
     rows = {r["agent"]: r for r in result["summary"]}
     assert list(rows) == ["strong-baseline", "random-plan", "untrained", f"checkpoint:{checkpoint}"]
-    same = [{k: v for k, v in r.items() if k.startswith("task:") or k == "valid_rate"} for r in result["per_seed"] if r["agent"] != "strong-baseline"][1:]
+    same = [
+        {k: v for k, v in r.items() if k.startswith("task:") or k == "valid_rate"}
+        for r in result["per_seed"]
+        if r["agent"] != "strong-baseline"
+    ][1:]
     assert same[0] == same[1]  # same weights, same seed: the checkpoint agent reproduces the untrained one
     for agent, row in rows.items():
         assert f"| {agent} |" in markdown
@@ -207,9 +278,16 @@ def test_leaderboard_minimal_run(tmp_path):
 
 
 def test_config_files_and_flags(tmp_path):
-    assert build_config(SpeedupConfig, load_config("speedup-main")) == SpeedupConfig()  # the file spells out the defaults
+    assert (
+        build_config(SpeedupConfig, load_config("speedup-main")) == SpeedupConfig()
+    )  # the file spells out the defaults
     full = build_config(SpeedupConfig, load_config("speedup-full"))
-    assert full.calibration_start_pairs == 200 and full.seeds == (0, 1, 2) and full.eval_max_tasks is None
+    assert (
+        full.tier == "full"
+        and full.seeds == (0, 1, 2)
+        and full.anchor_min_per_step == 0
+        and full.eval_max_tasks is None
+    )
     custom = tmp_path / "c.json"
     custom.write_text(json.dumps({"steps": 7, "seeds": [3, 4]}))
     assert build_config(AblationConfig, load_config(custom)).seeds == (3, 4)

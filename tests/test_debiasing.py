@@ -17,7 +17,9 @@ def synthetic_pairs(rng: np.random.Generator, n: int, noise: float, bias=paper_b
     return np.clip(bias(r) + rng.normal(0.0, noise, n), 0.0, 1.0), r
 
 
-def centred_bias(transform, noise: float, rng: np.random.Generator, groups: int = 200, size: int = 8, draws: int = 200) -> float:
+def centred_bias(
+    transform, noise: float, rng: np.random.Generator, groups: int = 200, size: int = 8, draws: int = 200
+) -> float:
     """Within-group centred bias: mean |E[g(wm) | r] - r| after centring both within each group.
 
     The expectation over the world model's noise is taken by Monte Carlo, so this is the

@@ -19,7 +19,7 @@ def noisy_group(rng: np.random.Generator, noise: float, size: int = 8) -> tuple[
 def test_weight_is_exactly_one_before_and_exactly_two_at_calibration():
     w = InverseVarianceWeighter()  # paper defaults: half-life 64, freeze after 32, 2.0, max 4.0
     rng = np.random.default_rng(0)
-    for k in range(31):
+    for _k in range(31):
         assert w.observe(*noisy_group(rng, 0.1))
         assert w.weight == 1.0 and w.scale is None
     w.observe(*noisy_group(rng, 0.1))
@@ -93,7 +93,9 @@ def test_stack_weight_engages_only_after_calibration():
     """In the stack, the weight is exactly 1.0 until the map is fitted and 32 anchor groups were
     observed after that, then exactly 2.0, and it is reported in every info."""
     env = CalibrationWrapper(
-        AnchorWrapper(WorldModelWrapper(ToySeamEnv(n_actions=64), SyntheticWorldModel(noise=0.05)), fraction=0.25, seed=1)
+        AnchorWrapper(
+            WorldModelWrapper(ToySeamEnv(n_actions=64), SyntheticWorldModel(noise=0.05)), fraction=0.25, seed=1
+        )
     )
     seen = []
     for record in training_steps(env, range(40), groups=16, size=4, seed=3):
@@ -111,7 +113,9 @@ def test_correction_switches_give_the_four_ablation_settings(debias, denoise):
     """``debias=False`` keeps raw world-model scores as rewards (the map is still fitted and
     reported); ``denoise=False`` keeps the weight at exactly 1.0."""
     env = CalibrationWrapper(
-        AnchorWrapper(WorldModelWrapper(ToySeamEnv(n_actions=64), SyntheticWorldModel(noise=0.05)), fraction=0.25, seed=1),
+        AnchorWrapper(
+            WorldModelWrapper(ToySeamEnv(n_actions=64), SyntheticWorldModel(noise=0.05)), fraction=0.25, seed=1
+        ),
         debias=debias,
         denoise=denoise,
     )
@@ -144,12 +148,16 @@ def test_weighter_start_switch(start):
     exactly 1.0 until then). ``first-anchor`` (the reference implementation): from the first
     anchor group, on raw disagreement."""
     env = CalibrationWrapper(
-        AnchorWrapper(WorldModelWrapper(ToySeamEnv(n_actions=64), SyntheticWorldModel(noise=0.05)), fraction=0.25, seed=1),
+        AnchorWrapper(
+            WorldModelWrapper(ToySeamEnv(n_actions=64), SyntheticWorldModel(noise=0.05)), fraction=0.25, seed=1
+        ),
         start_pairs=400,
         freeze_after=4,
         weighter_start=start,
     )
-    before_fit = [(env.weighter.n_observed, r["anchor_weight"]) for r in training_steps(env, range(20), groups=16, size=4, seed=3)]
+    before_fit = [
+        (env.weighter.n_observed, r["anchor_weight"]) for r in training_steps(env, range(20), groups=16, size=4, seed=3)
+    ]
     assert not env.debiaser.fitted  # 20 steps x ~4 anchor groups x 4 members < 400 pairs
     if start == "after-fit":
         assert env.weighter.n_observed == 0 and {w for _, w in before_fit} == {1.0}

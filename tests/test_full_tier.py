@@ -14,8 +14,21 @@ import wmrl_envs  # noqa: F401  (registers the gym ids)
 from wmrl_envs.autoresearch.catalog import CATALOG, FULL_CATALOG, FULL_LIMITS, catalog_split
 from wmrl_envs.autoresearch.env import AutoResearchEnv
 from wmrl_envs.autoresearch.grading import grading_context
-from wmrl_envs.autoresearch.leaderboard import LeaderboardConfig, build_leaderboards, load_leaderboard, logs_root, reference_pool
-from wmrl_envs.autoresearch.tasks import DEFAULT_MEMORY_BYTES, DEFAULT_WALL_SECONDS, get_task, list_catalog, load_task, write_task
+from wmrl_envs.autoresearch.leaderboard import (
+    LeaderboardConfig,
+    build_leaderboards,
+    load_leaderboard,
+    logs_root,
+    reference_pool,
+)
+from wmrl_envs.autoresearch.tasks import (
+    DEFAULT_MEMORY_BYTES,
+    DEFAULT_WALL_SECONDS,
+    get_task,
+    list_catalog,
+    load_task,
+    write_task,
+)
 from wmrl_envs.outcome import Outcome
 from wmrl_envs.sandbox import ExecutionResult, default_executor
 
@@ -28,7 +41,9 @@ def _sources(ids):
 
 def test_full_tier_has_its_own_split_by_dataset():
     split = catalog_split("full")
-    assert sorted(split["train"]) == list_catalog("train", tier="full") and sorted(split["test"]) == list_catalog("test", tier="full")
+    assert sorted(split["train"]) == list_catalog("train", tier="full") and sorted(split["test"]) == list_catalog(
+        "test", tier="full"
+    )
     assert len(split["train"]) >= 4 and len(split["test"]) >= 2 and sorted(split["train"] + split["test"]) == FULL
     assert set(split["train"]).isdisjoint(split["test"])
     assert _sources(split["train"]).isdisjoint(_sources(split["test"])), "no dataset in both splits"
@@ -59,7 +74,10 @@ def test_full_tier_tasks_are_full_size_and_carry_their_limits():
         assert sum(1 for _ in open(task.private_dir / "answers.csv")) - 1 == task.stats["n_test"]
     # every shipped small task stores its limits too (what the env and the leaderboards always used)
     small = get_task("titanic")
-    assert small.tier == "small" and small.run_limits() == {"wall_seconds": DEFAULT_WALL_SECONDS, "memory_bytes": DEFAULT_MEMORY_BYTES}
+    assert small.tier == "small" and small.run_limits() == {
+        "wall_seconds": DEFAULT_WALL_SECONDS,
+        "memory_bytes": DEFAULT_MEMORY_BYTES,
+    }
     assert "limits" in json.loads((small.root / "task.json").read_text())
 
 
@@ -74,7 +92,9 @@ def test_full_tier_leaderboards_and_pool_logs(tid):
     assert all(0 < e["wall_seconds"] <= limit + 5 for e in entries)
     lines = [json.loads(line) for line in (logs_root() / f"{tid}.jsonl").read_text().splitlines()]
     pool = reference_pool(task)
-    assert [r["solution_id"] for r in lines] == [s.solution_id for s in pool], "one log line per pool script, every status"
+    assert [r["solution_id"] for r in lines] == [s.solution_id for s in pool], (
+        "one log line per pool script, every status"
+    )
     ranked = {e["solution_id"] for e in entries}
     for rec, sol in zip(lines, pool):
         assert rec["context"]["limits"] == task.run_limits()
@@ -162,10 +182,24 @@ def test_task_limits_flow_into_the_executor_call():
 def test_leaderboard_builder_runs_each_task_under_its_own_limits(tmp_path):
     """Plumbing only (a recording executor stands in for the sandbox): jobs and log contexts get the task's limits."""
     small = get_task("titanic")
-    shutil.copytree(small.root, tmp_path / "tasks" / "titanic")  # a copy: the builder writes leaderboard.json into the task dir
+    shutil.copytree(
+        small.root, tmp_path / "tasks" / "titanic"
+    )  # a copy: the builder writes leaderboard.json into the task dir
     train, test = small.read_train(), small.read_test().merge(small.read_answers(), on=small.id_column)
-    own = write_task(tmp_path / "tasks", "titanic_limited", train, test, target=small.target, task_type="binary", metric="accuracy",
-                     question="q", source="s", licence="l", tier="full", limits={"wall_seconds": 90, "memory_bytes": 1 << 30})
+    own = write_task(
+        tmp_path / "tasks",
+        "titanic_limited",
+        train,
+        test,
+        target=small.target,
+        task_type="binary",
+        metric="accuracy",
+        question="q",
+        source="s",
+        licence="l",
+        tier="full",
+        limits={"wall_seconds": 90, "memory_bytes": 1 << 30},
+    )
     assert own.run_limits() == {"wall_seconds": 90.0, "memory_bytes": 1 << 30}
     tasks = [load_task(tmp_path / "tasks" / "titanic"), own]
     ex = RecordingExecutor(real=False)
@@ -174,10 +208,16 @@ def test_leaderboard_builder_runs_each_task_under_its_own_limits(tmp_path):
     assert summary["titanic_limited"]["limits"] == {"wall_seconds": 90.0, "memory_bytes": 1 << 30}
     assert summary["titanic"]["limits"] == {"wall_seconds": 60.0, "memory_bytes": 2 << 30}
     limits = sorted({(lim.wall_seconds, lim.cpu_seconds, lim.memory_bytes) for lim in ex.calls})
-    assert limits == [(2.0, 2.0, 2 << 30), (60.0, 60.0, 2 << 30), (90.0, 90.0, 1 << 30)]  # timeout probe, small task, own limits
+    assert limits == [
+        (2.0, 2.0, 2 << 30),
+        (60.0, 60.0, 2 << 30),
+        (90.0, 90.0, 1 << 30),
+    ]  # timeout probe, small task, own limits
     line = json.loads((tmp_path / "logs" / "titanic_limited.jsonl").read_text().splitlines()[0])
     assert line["context"]["limits"] == {"wall_seconds": 90.0, "memory_bytes": 1 << 30}
-    override = LeaderboardConfig(size="small", broken=False, write_logs=False, wall_seconds=30.0, memory_bytes=512 << 20)
+    override = LeaderboardConfig(
+        size="small", broken=False, write_logs=False, wall_seconds=30.0, memory_bytes=512 << 20
+    )
     ex2 = RecordingExecutor(real=False)
     build_leaderboards([own], ex2, override)
     assert {(lim.wall_seconds, lim.memory_bytes) for lim in ex2.calls} == {(30.0, 512 << 20)}
@@ -193,8 +233,14 @@ def test_world_model_size_features_see_dense_one_hot_against_the_memory_limit():
     trees = summarize_script(pool["rf_100"], task.task_type)
     (n_dense, rows, cells, share, over, per_second), tokens = size_features(ctx, dense)
     expected = 8 * task.stats["n_train"] * task.stats["onehot_width"] / (2 << 30)
-    assert len(SIZE_FEATURES) == 6 and n_dense == 1 and share == pytest.approx(expected) and share > 1  # one dense copy exceeds 2 GiB
-    assert over == 1.0 and rows == pytest.approx(math.log10(task.stats["n_train"])) and per_second == task.stats["n_train"] / 120
+    assert (
+        len(SIZE_FEATURES) == 6 and n_dense == 1 and share == pytest.approx(expected) and share > 1
+    )  # one dense copy exceeds 2 GiB
+    assert (
+        over == 1.0
+        and rows == pytest.approx(math.log10(task.stats["n_train"]))
+        and per_second == task.stats["n_train"] / 120
+    )
     assert size_features(ctx, trees)[0][4] == 0.0  # ordinal-encoded trees build no dense one-hot matrix
     small = flat_context(grading_context(get_task("ames")))  # 74 columns, but 2,500 rows: far below the limit
     assert size_features(small, summarize_script(reference_pool("ames")[3].code, "regression"))[0][4] == 0.0
@@ -217,12 +263,21 @@ def test_fidelity_reports_status_accuracy_on_memory_and_time_failures():
     true = ["runtime_error", "runtime_error", "timeout", "valid", "valid", "runtime_error"]
     kinds = ["memory", "memory", "time", None, None, None]  # the last runtime_error is an ordinary crash
     pred = ["runtime_error", "valid", "timeout", "valid", "valid", "valid"]
-    r = fidelity_from_scores([0.1, 0.7, 0.1, 0.6, 0.8, 0.6], [0.1, 0.1, 0.1, 0.6, 0.9, 0.1], ["a"] * 6, pred, true, kinds,
-                             calibration_fraction=0.0)
+    r = fidelity_from_scores(
+        [0.1, 0.7, 0.1, 0.6, 0.8, 0.6],
+        [0.1, 0.1, 0.1, 0.6, 0.9, 0.1],
+        ["a"] * 6,
+        pred,
+        true,
+        kinds,
+        calibration_fraction=0.0,
+    )
     assert (r.n_memory_failures, r.memory_failure_status_accuracy) == (2, 0.5)
     assert (r.n_time_failures, r.time_failure_status_accuracy) == (1, 1.0)
     assert r.status_accuracy == pytest.approx(4 / 6)
-    none = fidelity_from_scores([0.5, 0.6], [0.5, 0.6], ["a", "a"], ["valid"] * 2, ["valid"] * 2, calibration_fraction=0.0)
+    none = fidelity_from_scores(
+        [0.5, 0.6], [0.5, 0.6], ["a", "a"], ["valid"] * 2, ["valid"] * 2, calibration_fraction=0.0
+    )
     assert none.n_memory_failures == 0 and none.memory_failure_status_accuracy is None  # unknown, not 0
     assert "| status accuracy, runs out of memory |" in none.to_markdown()
     assert failure_kind(Outcome("runtime_error", 0.1, metrics={"exec_status": "error"})) is None
@@ -235,11 +290,18 @@ def test_default_world_model_sees_memory_failures_coming_on_a_held_out_table():
 
     task = get_task("births_day")
     assert task.split == "test"
-    lines = {json.loads(line)["solution_id"]: json.loads(line) for line in (logs_root() / "births_day.jsonl").read_text().splitlines()}
+    lines = {
+        json.loads(line)["solution_id"]: json.loads(line)
+        for line in (logs_root() / "births_day.jsonl").read_text().splitlines()
+    }
     died = [sid for sid, r in lines.items() if r["outcome"]["metrics"].get("exec_status") == "killed_memory"]
-    fine = [sid for sid in ("hgb_default", "rf_100", "tree_depth_8", "ridge_10.0") if lines[sid]["outcome"]["status"] == "valid"]
+    fine = [
+        sid
+        for sid in ("hgb_default", "rf_100", "tree_depth_8", "ridge_10.0")
+        if lines[sid]["outcome"]["status"] == "valid"
+    ]
     assert len(died) >= 5 and len(fine) == 3  # ridge on a dense one-hot of 7k levels is among the dead
     model = CodeOutcomeModel.load_default()
     pred = model.predict([lines[s]["context"] for s in died + fine], [lines[s]["code"] for s in died + fine])
     assert [p.status for p in pred[: len(died)]] == ["runtime_error"] * len(died)
-    assert [p.status for p in pred[len(died):]] == ["valid"] * len(fine)
+    assert [p.status for p in pred[len(died) :]] == ["valid"] * len(fine)

@@ -49,7 +49,9 @@ def test_anchor_groups_scaled_by_anchor_weight_only():
 
 
 def test_anchor_group_with_ungraded_member_source_none():
-    r = group_advantages([0.2, 0.6, None], [0, 0, 0], sources=["env", "env", None], anchor_weight=3.0, scale_by_std=False)
+    r = group_advantages(
+        [0.2, 0.6, None], [0, 0, 0], sources=["env", "env", None], anchor_weight=3.0, scale_by_std=False
+    )
     assert r.advantages == pytest.approx([-0.6, 0.6, None])
 
 

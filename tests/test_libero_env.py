@@ -98,7 +98,7 @@ def test_truncation_is_graded_failure():
     e = LiberoLongEnv(task_id=SOLVABLE_TASK, cameras=False, max_episode_steps=4, num_warmup_steps=2)
     try:
         e.reset(options={"init_state": 0, "group_id": 5})
-        for t in range(3):
+        for _t in range(3):
             obs, r, term, trunc, info = e.step(e.action_space.sample())
             assert (r, term, trunc, info["graded"], info.get("outcome")) == (0.0, False, False, False, None)
         request = e.grading_request(np.zeros(7))
@@ -125,7 +125,9 @@ def test_success_detected_when_goal_holds(env):
     assert request is not None  # the goal holds: this step ends the episode
     obs, r, term, trunc, info = env.step(np.zeros(7))
     assert (term, trunc, r) == (True, False, 1.0)
-    assert info.get("outcome").status == "success" and info.get("trajectory_reward") == 1.0 and info.get("success") is True
+    assert (
+        info.get("outcome").status == "success" and info.get("trajectory_reward") == 1.0 and info.get("success") is True
+    )
 
 
 def test_pending_outcome_replaces_real_grading(env):
@@ -145,8 +147,13 @@ def test_pending_outcome_replaces_real_grading(env):
 
 
 def test_camera_observations_upright_and_recorded():
-    e = gym.make("wmrl/LIBERO-Long-v0", task_id=SOLVABLE_TASK, image_size=32, render_mode="rgb_array",
-                 config=LiberoLongConfig(max_episode_steps=3))
+    e = gym.make(
+        "wmrl/LIBERO-Long-v0",
+        task_id=SOLVABLE_TASK,
+        image_size=32,
+        render_mode="rgb_array",
+        config=LiberoLongConfig(max_episode_steps=3),
+    )
     try:
         obs, _ = e.reset(seed=0)
         assert set(obs) == {"agentview_image", "wrist_image", "proprio", "instruction"}
@@ -190,7 +197,10 @@ def test_async_vector_env_two_workers():
         assert obs["agentview_image"].shape == (2, 32, 32, 3)
         for _ in range(3):
             obs, rewards, term, trunc, infos = venv.step(venv.action_space.sample())
-        assert obs["proprio"].shape == (2, 9) and list(obs["instruction"]) == [LIBERO_10_TASKS[SOLVABLE_TASK].instruction] * 2
+        assert (
+            obs["proprio"].shape == (2, 9)
+            and list(obs["instruction"]) == [LIBERO_10_TASKS[SOLVABLE_TASK].instruction] * 2
+        )
         assert rewards.shape == (2,) and not term.any()
         assert obs["agentview_image"].std() > 0
     finally:

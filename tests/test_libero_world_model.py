@@ -51,7 +51,9 @@ def test_robometer_adapter_subsamples_and_maps_back(tmp_path):
         return run
 
     wm = RobometerWorldModel(tmp_path, predictor, max_frames=5)
-    video = np.repeat(np.linspace(0, 255, 41).astype(np.uint8)[:, None, None, None], 4, axis=1).repeat(4, 2).repeat(3, 3)
+    video = (
+        np.repeat(np.linspace(0, 255, 41).astype(np.uint8)[:, None, None, None], 4, axis=1).repeat(4, 2).repeat(3, 3)
+    )
     preds = wm.predict_progress([video, video[:3]], ["a", "b"])
     assert seen["lengths"] == [5, 3]
     assert preds[1] is None and len(preds[0].progress) == 41
@@ -66,8 +68,8 @@ libero = pytest.importorskip("libero.libero", reason="needs the libero extra (li
 
 from wmrl_envs.libero.env import LiberoLongEnv  # noqa: E402
 from wmrl_envs.libero.goals import achieve_goal  # noqa: E402
-from wmrl_envs.world_models.progress_rollouts import DEFAULT_PROGRESS_MODEL, log_episodes  # noqa: E402
 from wmrl_envs.world_models.progress_learned import ProgressDataset, StateProgressModel, progress_fidelity  # noqa: E402
+from wmrl_envs.world_models.progress_rollouts import DEFAULT_PROGRESS_MODEL, log_episodes  # noqa: E402
 
 TASK = 7
 
@@ -125,7 +127,9 @@ def test_shipped_model_grades_env_requests(env):
     for a in np.random.default_rng(0).uniform(-1, 1, (20, 7)):
         env.step(a)
     assert env.grading_request(np.zeros(7)) is None  # mid-episode: nothing to grade yet
-    good, bad = wm.predict([success_request.context, success_request.context], [success_request.action, env.trajectory()])
+    good, bad = wm.predict(
+        [success_request.context, success_request.context], [success_request.action, env.trajectory()]
+    )
     assert good.source == bad.source == "wm"
     assert good.status == "success" and bad.status == "failure"
     assert good.score > 0.5 > bad.score and good.metrics["success_probability"] > bad.metrics["success_probability"]
@@ -141,7 +145,7 @@ def test_wrapper_stack_on_libero(env):
         stack = CalibrationWrapper(AnchorWrapper(WorldModelWrapper(env, wm), fraction=0.5, seed=0))
         anchors = []
         for group in range(6):
-            for member in range(2):
+            for _member in range(2):
                 obs, info = stack.reset(options={"init_state": group, "group_id": group, "group_size": 2})
                 done = False
                 while not done:
@@ -177,7 +181,9 @@ def test_vector_world_model_wrapper_on_libero():
         for _ in range(5):  # crosses an episode end and the autoreset after it
             obs, rewards, term, trunc, infos = venv.step(venv.action_space.sample())
             if trunc.any():
-                graded.append((rewards.copy(), infos["source"].copy(), infos["true_score"].copy(), infos["wm_score"].copy()))
+                graded.append(
+                    (rewards.copy(), infos["source"].copy(), infos["true_score"].copy(), infos["wm_score"].copy())
+                )
         assert len(graded) == 1
         rewards, source, true, wm_score = graded[0]
         assert list(source) == ["wm", "env"] and true[1] == 0.0 and rewards[1] == 0.0

@@ -42,7 +42,15 @@ def test_extract_script(text, expected):
 
 
 def _spec(**kw):
-    base = dict(task_id="t", task_type="binary", metric="accuracy", target="y", id_column="id", submission_format="label", classes=("a", "b"))
+    base = dict(
+        task_id="t",
+        task_type="binary",
+        metric="accuracy",
+        target="y",
+        id_column="id",
+        submission_format="label",
+        classes=("a", "b"),
+    )
     return TaskSpec(**{**base, **kw})
 
 
@@ -54,8 +62,12 @@ def test_raw_scaffold_actions():
 
 
 def test_parse_plan_tolerates_markdown_aliases_and_clamps():
-    plan = parse_plan("Here is my plan:\n- **Model**: XGBoost\n* n_estimators = 5000\nmax_depth: none\nlearning_rate: 0.05\nscale: No\ncategorical: drop")
-    assert plan == Plan(model="gradient_boosting", n_estimators=300, max_depth=None, learning_rate=0.05, scale=False, categorical="drop")
+    plan = parse_plan(
+        "Here is my plan:\n- **Model**: XGBoost\n* n_estimators = 5000\nmax_depth: none\nlearning_rate: 0.05\nscale: No\ncategorical: drop"
+    )
+    assert plan == Plan(
+        model="gradient_boosting", n_estimators=300, max_depth=None, learning_rate=0.05, scale=False, categorical="drop"
+    )
     assert parse_plan("model: random forest classifier\nC: -3").model == "random_forest"
     assert parse_plan("model: random forest classifier\nC: -3").C == 1.0  # non-positive C ignored
     assert parse_plan("model: a neural network") is None
@@ -66,12 +78,25 @@ def test_plan_scaffold_passes_unreadable_plans_through_for_the_env_to_reject():
     sc = PlanScaffold()
     assert sc.to_action("just chatting", _spec()) == "just chatting"
     action = sc.to_action("model: knn\nn_neighbors: 7", _spec())
-    assert action.startswith("```python\n") and action.endswith("\n```") and "KNeighborsClassifier(n_neighbors=7)" in action
+    assert (
+        action.startswith("```python\n")
+        and action.endswith("\n```")
+        and "KNeighborsClassifier(n_neighbors=7)" in action
+    )
 
 
 def test_task_spec_from_autoresearch_reset_info_and_missing_fields():
-    info = {"task_id": "wine", "title": "Wine", "target": "quality", "id_column": "id", "classes": [3, 4],
-            "task_type": "multiclass", "metric": "log_loss", "submission_format": "proba_classes", "n_train": 10}
+    info = {
+        "task_id": "wine",
+        "title": "Wine",
+        "target": "quality",
+        "id_column": "id",
+        "classes": [3, 4],
+        "task_type": "multiclass",
+        "metric": "log_loss",
+        "submission_format": "proba_classes",
+        "n_train": 10,
+    }
     spec = TaskSpec.from_info(info)
     assert spec.classes == ("3", "4") and spec.stats == {"n_train": 10} and spec.question == "Wine"
     with pytest.raises(KeyError, match="target"):
@@ -80,17 +105,27 @@ def test_task_spec_from_autoresearch_reset_info_and_missing_fields():
 
 @pytest.mark.parametrize(
     "task_type, fmt, classes, family",
-    [("binary", "proba_positive", ("no", "yes"), "gradient_boosting"), ("multiclass", "proba_classes", ("a", "b", "c"), "linear"),
-     ("regression", "value", None, "random_forest"), ("multiclass", "label", ("a", "b", "c"), "knn")],
+    [
+        ("binary", "proba_positive", ("no", "yes"), "gradient_boosting"),
+        ("multiclass", "proba_classes", ("a", "b", "c"), "linear"),
+        ("regression", "value", None, "random_forest"),
+        ("multiclass", "label", ("a", "b", "c"), "knn"),
+    ],
 )
 def test_rendered_plan_runs_and_writes_the_submission_format(tmp_path, task_type, fmt, classes, family):
     """Runs the rendered script for real (this interpreter) on a small synthetic table."""
-    import numpy as np
     import pandas as pd
 
     rng = np.random.default_rng(0)
     n = 120
-    df = pd.DataFrame({"id": range(n), "x1": rng.normal(size=n), "x2": rng.normal(size=n), "cat": rng.choice(["u", "v", None], size=n)})
+    df = pd.DataFrame(
+        {
+            "id": range(n),
+            "x1": rng.normal(size=n),
+            "x2": rng.normal(size=n),
+            "cat": rng.choice(["u", "v", None], size=n),
+        }
+    )
     df.loc[::7, "x1"] = np.nan
     if task_type == "regression":
         df["y"] = 2 * df["x2"] + rng.normal(size=n)
@@ -131,7 +166,9 @@ def test_tiny_policy_generates_and_scores_exactly_the_sampled_tokens(tiny):
     assert outs == tiny.generate([ctx, ctx], max_new_tokens=6, seed=3)  # seeded sampling is reproducible
     history = msgs + [{"role": "assistant", "content": tiny.decode(outs[0])}]
     follow = tiny.followup_ids(history, {"role": "user", "content": "feedback"}, ended_with_eos=False)
-    assert tiny.tokenizer.decode(follow).endswith("<|im_start|>assistant\n") and "feedback" in tiny.tokenizer.decode(follow)
+    assert tiny.tokenizer.decode(follow).endswith("<|im_start|>assistant\n") and "feedback" in tiny.tokenizer.decode(
+        follow
+    )
     seqs = [ctx + outs[0] + follow, ctx + outs[1]]
     masks = [[0] * len(ctx) + [1] * len(outs[0]) + [0] * len(follow), [0] * len(ctx) + [1] * len(outs[1])]
     lp, ent, mask = tiny.token_logprobs(seqs, masks, with_entropy=True)
@@ -148,7 +185,10 @@ def test_update_raises_logprob_of_positive_advantage_and_lowers_negative(tiny):
     from agents.llm.trainer import GRPOConfig, _update
 
     ctx = tiny.chat_ids([{"role": "user", "content": "choose"}])
-    good, bad = tiny.tokenizer("model: random_forest", add_special_tokens=False)["input_ids"], tiny.tokenizer("model: knn", add_special_tokens=False)["input_ids"]
+    good, bad = (
+        tiny.tokenizer("model: random_forest", add_special_tokens=False)["input_ids"],
+        tiny.tokenizer("model: knn", add_special_tokens=False)["input_ids"],
+    )
     eps = []
     for ids in (good, bad):
         e = Episode(0, "t", "g", _spec(), [])
@@ -194,7 +234,9 @@ def test_lora_policy_trains_only_the_adapter_and_reference_is_the_base():
     pytest.importorskip("peft")
     from agents.llm.policy import LLMPolicy, LoraSettings
 
-    p = LLMPolicy.tiny(seed=0, num_layers=1, hidden_size=32, lora=LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
+    p = LLMPolicy.tiny(
+        seed=0, num_layers=1, hidden_size=32, lora=LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj"))
+    )
     names = list(p.trainable_state_dict())
     assert names and all("lora_" in n for n in names)
     seq, mask = [[1, 2, 3, 4]], [[0, 1, 1, 1]]
@@ -212,7 +254,12 @@ def _valid(p):
 
 
 def test_task_score_is_valid_rate_times_mean_best_percentile():
-    trajs = [[_valid(0.2), _valid(0.6)], [Outcome("runtime_error", 0.1)], [_valid(0.4)], [Outcome("malformed", 0.0), None]]
+    trajs = [
+        [_valid(0.2), _valid(0.6)],
+        [Outcome("runtime_error", 0.1)],
+        [_valid(0.4)],
+        [Outcome("malformed", 0.0), None],
+    ]
     s = task_score("t", "binary", trajs)
     assert s.valid_rate == 0.5 and s.mean_best_percentile == pytest.approx(0.5) and s.score == pytest.approx(0.25)
     assert task_score("t", "binary", [[Outcome("no_submission", 0.2)]]).score == 0.0
@@ -223,8 +270,11 @@ def test_task_score_is_valid_rate_times_mean_best_percentile():
 
 
 def test_summarize_averages_over_tasks_and_categories_skipping_unknown():
-    scores = [task_score("a", "binary", [[_valid(0.8)]]), task_score("b", "binary", [[_valid(0.4)], [Outcome("timeout", 0.1)]]),
-              task_score("c", "regression", [[Outcome("valid", None, metrics={"percentile": None})]])]
+    scores = [
+        task_score("a", "binary", [[_valid(0.8)]]),
+        task_score("b", "binary", [[_valid(0.4)], [Outcome("timeout", 0.1)]]),
+        task_score("c", "regression", [[Outcome("valid", None, metrics={"percentile": None})]]),
+    ]
     r = summarize(scores)
     assert r.mean == pytest.approx((0.8 + 0.2) / 2)
     assert r.by_category == {"binary": pytest.approx(0.5), "regression": None}
@@ -234,8 +284,8 @@ def test_summarize_averages_over_tasks_and_categories_skipping_unknown():
 def test_multi_turn_rollout_masks_observation_tokens(tiny):
     """Random tiny-model replies are malformed: graded 0.0 by the env for free (no execution)."""
     import wmrl_envs  # noqa: F401
-    from wmrl_envs.vector import make_vector_env
     from agents.llm.rollout import PhaseTimer, Rollout
+    from wmrl_envs.vector import make_vector_env
 
     env = make_vector_env("wmrl/AutoResearch-v0", 2, split="train", max_turns=2)
     rollout = Rollout(env, tiny, PlanScaffold(), group_size=2, max_new_tokens=5)
@@ -290,4 +340,6 @@ def test_train_reads_the_anchor_weight_after_the_rollout(monkeypatch):
     config = trainer.GRPOConfig(groups_per_step=2, group_size=2, total_steps=1, progress=False, tensorboard=False)
     result = trainer.train(policy, env, scaffold=None, config=config, tasks=["t"])
     assert result.history[0]["anchor/weight"] == 3.0
-    assert updates[0][:2] == pytest.approx([-3.0, 3.0], rel=1e-4) and updates[0][2:] == pytest.approx([-1.0, 1.0], rel=1e-4)
+    assert updates[0][:2] == pytest.approx([-3.0, 3.0], rel=1e-4) and updates[0][2:] == pytest.approx(
+        [-1.0, 1.0], rel=1e-4
+    )

@@ -10,10 +10,10 @@ import torch
 pytest.importorskip("transformers")
 
 import wmrl_envs  # noqa: F401  (registers the env ids)
-from wmrl_envs.vector import make_vector_env
 from agents.llm.policy import LLMPolicy
 from agents.llm.scaffolds import PlanScaffold
 from agents.llm.trainer import GRPOConfig, train, warm_start
+from wmrl_envs.vector import make_vector_env
 from wmrl_envs.world_models import CodeOutcomeModel
 from wrappers import (
     VectorAnchorWrapper,
@@ -30,7 +30,12 @@ WORLD_MODEL: dict = {}
 # Plans a small model might write (text after the scaffold's "model:" prefix); the warm
 # start makes the tiny random policy emit text like this, with sampling noise, so rollouts
 # hold valid, weak and malformed plans.
-DEMOS = [" random_forest\nn_estimators: 30\nmax_depth: 6", " linear\nC: 1.0\nscale: yes", " knn\nn_neighbors: 15", " baseline"]
+DEMOS = [
+    " random_forest\nn_estimators: 30\nmax_depth: 6",
+    " linear\nC: 1.0\nscale: yes",
+    " knn\nn_neighbors: 15",
+    " baseline",
+]
 
 
 def _world_model():
@@ -73,8 +78,14 @@ def policy():
 def test_wmrl_training_through_full_stack_executes_only_anchor_groups(policy, tmp_path):
     env = _stack(fraction=0.34)
     config = GRPOConfig(
-        groups_per_step=len(TASKS), group_size=GROUP, total_steps=2, max_new_tokens=24, learning_rate=1e-3,
-        micro_batch_size=6, output_dir=str(tmp_path / "run"), progress=False,
+        groups_per_step=len(TASKS),
+        group_size=GROUP,
+        total_steps=2,
+        max_new_tokens=24,
+        learning_rate=1e-3,
+        micro_batch_size=6,
+        output_dir=str(tmp_path / "run"),
+        progress=False,
     )
     before = [p.detach().clone() for p in policy.trainable_parameters()]
     result = train(policy, env, PlanScaffold(), config, tasks=TASKS)
@@ -105,7 +116,14 @@ def test_wmrl_training_through_full_stack_executes_only_anchor_groups(policy, tm
     # "Kill" the run after step 2 and resume in a fresh stack to step 3: the anchor pairs survive.
     pairs_before = len(env.debiaser.pairs)
     resumed_env = _stack(fraction=0.34)
-    resumed = train(policy, resumed_env, PlanScaffold(), GRPOConfig(**{**config.__dict__, "total_steps": 3}), tasks=TASKS, resume=True)
+    resumed = train(
+        policy,
+        resumed_env,
+        PlanScaffold(),
+        GRPOConfig(**{**config.__dict__, "total_steps": 3}),
+        tasks=TASKS,
+        resume=True,
+    )
     assert [h["step"] for h in resumed.history] == [3]
     assert len(resumed_env.debiaser.pairs) >= pairs_before
     assert resumed.history[0]["calibration/anchor_pairs_total"] >= pairs_before

@@ -8,8 +8,8 @@ import signal
 import threading
 
 import pytest
-
 from sandbox_helpers import HIDDEN_PROBE, SMALL, TEST_UIDS, local_executor, public_tmp, write_hidden_labels  # noqa: F401
+
 from wmrl_envs.sandbox import (
     STATUSES,
     DockerExecutor,
@@ -25,18 +25,35 @@ from wmrl_envs.sandbox import (
 from wmrl_envs.sandbox.base import classify_exit
 from wmrl_envs.sandbox.image import apt_mirror, image_tag
 
-
 # -- values and validation ---------------------------------------------------------------
+
 
 def test_limits_defaults_match_contract():
     lim = Limits()
-    assert (lim.wall_seconds, lim.cpu_seconds, lim.memory_bytes, lim.max_processes, lim.max_file_bytes,
-            lim.max_output_bytes, lim.tail_bytes) == (60, 60, 2 << 30, 64, 256 << 20, 1 << 20, 8192)
+    assert (
+        lim.wall_seconds,
+        lim.cpu_seconds,
+        lim.memory_bytes,
+        lim.max_processes,
+        lim.max_file_bytes,
+        lim.max_output_bytes,
+        lim.tail_bytes,
+    ) == (60, 60, 2 << 30, 64, 256 << 20, 1 << 20, 8192)
 
 
-@pytest.mark.parametrize("field,value", [("wall_seconds", 0), ("cpu_seconds", -1), ("wall_seconds", "5"),
-                                         ("memory_bytes", 1024), ("max_processes", 0), ("max_output_bytes", 1.5),
-                                         ("tail_bytes", -1), ("max_processes", True)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("wall_seconds", 0),
+        ("cpu_seconds", -1),
+        ("wall_seconds", "5"),
+        ("memory_bytes", 1024),
+        ("max_processes", 0),
+        ("max_output_bytes", 1.5),
+        ("tail_bytes", -1),
+        ("max_processes", True),
+    ],
+)
 def test_limits_reject_bad_values_by_name(field, value):
     with pytest.raises(ValueError, match=f"Limits.{field}"):
         Limits(**{field: value})
@@ -48,14 +65,17 @@ def test_execution_result_rejects_unknown_status():
     assert STATUSES == ("ok", "error", "timeout", "killed_memory", "killed_limit")
 
 
-@pytest.mark.parametrize("inputs,outputs,match", [
-    ({"../escape.csv": __file__}, (), "input path must be relative"),
-    ({"/abs.csv": __file__}, (), "input path must be relative"),
-    ({"main.py": __file__}, (), "reserved"),
-    ({}, ("../../etc/passwd",), "output path must be relative"),
-    ({}, ("",), "non-empty"),
-    ({}, (".",), "must name a file"),
-])
+@pytest.mark.parametrize(
+    "inputs,outputs,match",
+    [
+        ({"../escape.csv": __file__}, (), "input path must be relative"),
+        ({"/abs.csv": __file__}, (), "input path must be relative"),
+        ({"main.py": __file__}, (), "reserved"),
+        ({}, ("../../etc/passwd",), "output path must be relative"),
+        ({}, ("",), "non-empty"),
+        ({}, (".",), "must name a file"),
+    ],
+)
 def test_run_rejects_paths_leaving_the_work_dir(local_executor, inputs, outputs, match):
     with pytest.raises(ValueError, match=match):
         local_executor.run("pass", inputs=inputs, outputs=outputs, limits=SMALL)
@@ -104,6 +124,7 @@ def test_default_executor_selects_backend(monkeypatch):
 
 # -- the uid, the environment, concurrency ----------------------------------------------
 
+
 def test_runs_as_non_root_with_clean_environment(local_executor):
     script = "import os, json\nprint(json.dumps({'uid': os.getuid(), 'env': dict(os.environ), 'cwd': os.getcwd()}))"
     r = local_executor.run(script, limits=SMALL)
@@ -124,7 +145,7 @@ def test_pool_caps_concurrency_and_keeps_order(local_executor):
     spans = [(float(a), float(b), int(uid)) for _, uid, a, b in rows]
     overlap = max(sum(1 for s, e, _ in spans if s <= t < e) for t, _, _ in spans)
     assert overlap == 2  # ran concurrently, never more than the cap
-    for (s1, e1, u1), (s2, e2, u2) in zip(spans, spans[1:]):
+    for (_s1, e1, u1), (s2, _e2, u2) in zip(spans, spans[1:]):
         if s2 < e1:
             assert u1 != u2  # overlapping runs never share a uid (RLIMIT_NPROC is per uid)
 
@@ -158,6 +179,7 @@ def test_uid_pool_waits_when_every_uid_is_busy(tmp_path):
 
 # -- without bubblewrap ---------------------------------------------------------------
 
+
 def test_missing_bwrap_strict_refuses():
     with pytest.raises(SandboxUnavailable, match="bubblewrap.*not installed.*strict=True"):
         LocalExecutor(TEST_UIDS, bwrap="/nonexistent/bwrap", strict=True)
@@ -183,20 +205,24 @@ def test_missing_bwrap_warns_loudly_and_still_limits(public_tmp):
 
 # -- status classification ------------------------------------------------------------
 
-@pytest.mark.parametrize("rc,stderr,cpu,expected", [
-    (0, "", 0.1, "ok"),
-    (1, "Traceback...\nValueError: x\n", 0.1, "error"),
-    (1, "Traceback...\nMemoryError\n", 0.1, "killed_memory"),
-    (1, "numpy.core._exceptions._ArrayMemoryError: Unable to allocate 8 GiB", 0.1, "killed_memory"),
-    (1, "OSError: [Errno 27] File too large\n", 0.1, "killed_limit"),
-    (1, "BlockingIOError: [Errno 11] Resource temporarily unavailable\n", 0.1, "killed_limit"),
-    (-signal.SIGXCPU, "", 1.0, "timeout"),
-    (-signal.SIGKILL, "", 1.9, "timeout"),
-    (-signal.SIGKILL, "", 0.2, "error"),
-    (-signal.SIGXFSZ, "", 0.2, "killed_limit"),
-    (-signal.SIGSEGV, "", 0.2, "error"),
-    (3, "", None, "error"),
-])
+
+@pytest.mark.parametrize(
+    "rc,stderr,cpu,expected",
+    [
+        (0, "", 0.1, "ok"),
+        (1, "Traceback...\nValueError: x\n", 0.1, "error"),
+        (1, "Traceback...\nMemoryError\n", 0.1, "killed_memory"),
+        (1, "numpy.core._exceptions._ArrayMemoryError: Unable to allocate 8 GiB", 0.1, "killed_memory"),
+        (1, "OSError: [Errno 27] File too large\n", 0.1, "killed_limit"),
+        (1, "BlockingIOError: [Errno 11] Resource temporarily unavailable\n", 0.1, "killed_limit"),
+        (-signal.SIGXCPU, "", 1.0, "timeout"),
+        (-signal.SIGKILL, "", 1.9, "timeout"),
+        (-signal.SIGKILL, "", 0.2, "error"),
+        (-signal.SIGXFSZ, "", 0.2, "killed_limit"),
+        (-signal.SIGSEGV, "", 0.2, "error"),
+        (3, "", None, "error"),
+    ],
+)
 def test_classify_exit(rc, stderr, cpu, expected):
     status, reason = classify_exit(rc, stderr, cpu, Limits(cpu_seconds=2))
     assert status == expected
@@ -205,6 +231,7 @@ def test_classify_exit(rc, stderr, cpu, expected):
 
 # -- image helpers --------------------------------------------------------------------
 
+
 def test_apt_mirror_reads_one_line_and_deb822_sources(tmp_path):
     (tmp_path / "sources.list.d").mkdir()
     (tmp_path / "sources.list").write_text("# comment\ndeb [arch=amd64] http://mirror.example/debian bookworm main\n")
@@ -212,7 +239,8 @@ def test_apt_mirror_reads_one_line_and_deb822_sources(tmp_path):
     (tmp_path / "sources.list").write_text("")
     (tmp_path / "sources.list.d" / "debian.sources").write_text(
         "Types: deb\nURIs: http://sec.example/debian-security\nSuites: bookworm-security\n\n"
-        "Types: deb\nURIs: http://deb.example/debian\nSuites: bookworm bookworm-updates\nComponents: main\n")
+        "Types: deb\nURIs: http://deb.example/debian\nSuites: bookworm bookworm-updates\nComponents: main\n"
+    )
     assert apt_mirror("bookworm", str(tmp_path)) == "http://deb.example/debian"
     assert apt_mirror("trixie", str(tmp_path)) == "http://deb.debian.org/debian"
 
@@ -228,7 +256,9 @@ def test_docker_missing_image_names_the_build_command():
         docker_client()
     except SandboxUnavailable as e:
         pytest.skip(f"no Docker engine reachable: {e}")
-    with pytest.raises(SandboxUnavailable, match=r"python -m wmrl_envs.sandbox.cli build-image --tag wmrl-sandbox:nope"):
+    with pytest.raises(
+        SandboxUnavailable, match=r"python -m wmrl_envs.sandbox.cli build-image --tag wmrl-sandbox:nope"
+    ):
         DockerExecutor(image="wmrl-sandbox:nope")
 
 

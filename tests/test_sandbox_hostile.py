@@ -11,8 +11,19 @@ import json
 import os
 import time
 
-from sandbox_helpers import (HIDDEN_PROBE, SMALL, _docker_executor, executor, local_executor, public_tmp,  # noqa: F401
-                             sandbox_containers, sandbox_processes, tcp_server, write_hidden_labels)
+from sandbox_helpers import (  # noqa: F401
+    HIDDEN_PROBE,
+    SMALL,
+    _docker_executor,
+    executor,
+    local_executor,
+    public_tmp,
+    sandbox_containers,
+    sandbox_processes,
+    tcp_server,
+    write_hidden_labels,
+)
+
 from wmrl_envs.sandbox import ExecutorPool, Job
 
 TRAIN_SCRIPT = """
@@ -39,14 +50,20 @@ def test_training_script_produces_submission(executor, tmp_path):
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(200, 2))
-    pd.DataFrame({"x1": x[:, 0], "x2": x[:, 1], "y": (x[:, 0] + x[:, 1] > 0).astype(int)}).to_csv(tmp_path / "train.csv", index=False)
+    pd.DataFrame({"x1": x[:, 0], "x2": x[:, 1], "y": (x[:, 0] + x[:, 1] > 0).astype(int)}).to_csv(
+        tmp_path / "train.csv", index=False
+    )
     xt = rng.normal(size=(50, 2))
     pd.DataFrame({"id": range(50), "x1": xt[:, 0], "x2": xt[:, 1]}).to_csv(tmp_path / "test.csv", index=False)
     truth = (xt[:, 0] + xt[:, 1] > 0).astype(int)
 
     limits = dataclasses.replace(SMALL, wall_seconds=60, cpu_seconds=30, memory_bytes=1 << 30)
-    r = executor.run(TRAIN_SCRIPT, inputs={"data/train.csv": tmp_path / "train.csv", "data/test.csv": tmp_path / "test.csv"},
-                     outputs=["submission.csv", "never_written.csv"], limits=limits)
+    r = executor.run(
+        TRAIN_SCRIPT,
+        inputs={"data/train.csv": tmp_path / "train.csv", "data/test.csv": tmp_path / "test.csv"},
+        outputs=["submission.csv", "never_written.csv"],
+        limits=limits,
+    )
     assert r.status == "ok", (r.reason, r.stderr_tail)
     assert r.returncode == 0 and "trained on 200 rows" in r.stdout_tail
     assert set(r.files) == {"submission.csv"}
@@ -68,8 +85,10 @@ def test_exception_is_error_with_traceback(executor):
 def test_inputs_are_read_only_and_host_copy_untouched(executor, tmp_path):
     src = tmp_path / "train.csv"
     src.write_text("a,b\n1,2\n")
-    script = ("print(open('data/train.csv').read(), end='')\n"
-              "try:\n    open('data/train.csv', 'w').write('tampered')\nexcept OSError as e:\n    print('WRITE FAILED', type(e).__name__)\n")
+    script = (
+        "print(open('data/train.csv').read(), end='')\n"
+        "try:\n    open('data/train.csv', 'w').write('tampered')\nexcept OSError as e:\n    print('WRITE FAILED', type(e).__name__)\n"
+    )
     r = executor.run(script, inputs={"data/train.csv": src}, limits=SMALL)
     assert r.status == "ok", r.stderr_tail
     assert r.stdout_tail == "a,b\n1,2\nWRITE FAILED PermissionError\n"
@@ -109,8 +128,10 @@ def test_fork_bomb_is_contained(executor):
 
 
 def test_fork_bomb_that_swallows_errors_times_out(executor):
-    r = executor.run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
-                     limits=dataclasses.replace(SMALL, wall_seconds=2))
+    r = executor.run(
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+        limits=dataclasses.replace(SMALL, wall_seconds=2),
+    )
     assert r.status in ("timeout", "killed_limit"), (r.reason, r.stderr_tail)
     _host_is_clean(executor)
 
@@ -133,8 +154,13 @@ def test_file_size_limit(executor):
 def test_writing_outside_work_dir_fails_and_host_unaffected(executor, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
-    targets = [str(outside / "planted.txt"), "/etc/wmrl-planted", "/usr/wmrl-planted", "/wmrl-planted",
-               "/sandbox/../wmrl-planted"]
+    targets = [
+        str(outside / "planted.txt"),
+        "/etc/wmrl-planted",
+        "/usr/wmrl-planted",
+        "/wmrl-planted",
+        "/sandbox/../wmrl-planted",
+    ]
     script = f"""
 import json
 report = {{}}
@@ -186,8 +212,11 @@ except OSError as e:
 
 
 def test_planted_symlink_output_is_not_followed(executor):
-    r = executor.run("import os\nos.symlink('/etc/hostname', 'submission.csv')\nos.mkfifo('pipe.csv')\n",
-                     outputs=["submission.csv", "pipe.csv"], limits=SMALL)
+    r = executor.run(
+        "import os\nos.symlink('/etc/hostname', 'submission.csv')\nos.mkfifo('pipe.csv')\n",
+        outputs=["submission.csv", "pipe.csv"],
+        limits=SMALL,
+    )
     assert r.status == "ok", r.stderr_tail
     assert r.files == {}
 

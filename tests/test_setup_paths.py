@@ -61,7 +61,11 @@ def test_plain_make_vec_batches_mixed_infos_without_loss():
 
 def test_known_info_and_sub_info():
     assert known_info({"a": None, "b": 0.0, "c": {"d": None, "e": 1}}) == {"b": 0.0, "c": {"e": 1}}
-    infos = {"x": np.array([1.5, 0.0]), "_x": np.array([True, False]), "n": {"y": np.array([1, 2]), "_y": np.array([False, True])}}
+    infos = {
+        "x": np.array([1.5, 0.0]),
+        "_x": np.array([True, False]),
+        "n": {"y": np.array([1, 2]), "_y": np.array([False, True])},
+    }
     assert sub_info(infos, 0) == {"x": 1.5, "n": {}} and sub_info(infos, 1) == {"n": {"y": 2}}
     assert sub_info(infos, 0, keys=("n",)) == {"n": {}}
 
@@ -86,14 +90,22 @@ def test_build_stack_composes_each_kind_in_order(world_model, vector):
             return make_vector_env("wmrl/AutoResearch-v0", 4, split="train")
         return gym.make("wmrl/AutoResearch-v0", split="train")
 
-    forms = (VectorWorldModelWrapper, VectorAnchorWrapper, VectorCalibrationWrapper) if vector else (WorldModelWrapper, AnchorWrapper, CalibrationWrapper)
+    forms = (
+        (VectorWorldModelWrapper, VectorAnchorWrapper, VectorCalibrationWrapper)
+        if vector
+        else (WorldModelWrapper, AnchorWrapper, CalibrationWrapper)
+    )
     assert build_stack(base(), "real") is not None and find_layer(build_stack(base(), "real"), forms[0]) is None
     real = build_stack(base(), "real", world_model)
     assert isinstance(real, forms[0]) and real.mode == "env" if not vector else isinstance(real, forms[0])
     assert isinstance(build_stack(base(), "wm", world_model), forms[0])
-    stack = build_stack(base(), "wmrl", world_model, anchor_fraction=0.5, seed=3, calibration=CalibrationConfig(start_pairs=8))
+    stack = build_stack(
+        base(), "wmrl", world_model, anchor_fraction=0.5, seed=3, calibration=CalibrationConfig(start_pairs=8)
+    )
     assert [type(layer) for layer in (stack, stack.env, stack.env.env)] == list(reversed(forms))
-    assert stack.debiaser.start_pairs == 8 and require_layer(stack, forms[1], needed_by="test").scheduler.fraction == 0.5
+    assert (
+        stack.debiaser.start_pairs == 8 and require_layer(stack, forms[1], needed_by="test").scheduler.fraction == 0.5
+    )
     with pytest.raises(ValueError, match="needs a world model"):
         build_stack(base(), "wmrl")
     with pytest.raises(ValueError, match="unknown stack 'both'"):
@@ -137,9 +149,13 @@ def test_every_field_is_a_documented_flag_with_its_default():
     assert "training steps, continued on a second line. (default: 3)" in " ".join(text.split())
     assert "--lr-high" in text and "--calibration-start-pairs" in text
     assert field_doc(_Knobs, "lr_high") == "step sizes."
-    args = parser.parse_args(["--steps", "7", "--limit", "none", "--on", "yes", "--tags", "a", "b", "--calibration-start-pairs", "4"])
+    args = parser.parse_args(
+        ["--steps", "7", "--limit", "none", "--on", "yes", "--tags", "a", "b", "--calibration-start-pairs", "4"]
+    )
     assert build_config(_Knobs, {"lr": 0.5}, args) == _Knobs(steps=7, lr=0.5, tags=("a", "b"), limit=None, on=True)
-    assert build_config(CalibrationConfig, {"refit_every": 2}, args, section="calibration") == CalibrationConfig(start_pairs=4, refit_every=2)
+    assert build_config(CalibrationConfig, {"refit_every": 2}, args, section="calibration") == CalibrationConfig(
+        start_pairs=4, refit_every=2
+    )
     with pytest.raises(ValueError, match=r"unknown \[calibration\] CalibrationConfig settings \['start'\]"):
         build_config(CalibrationConfig, {"start": 1}, args, section="calibration")
     with pytest.raises(SystemExit):
@@ -152,7 +168,12 @@ def test_agent_cli_flags_cover_every_trainer_field():
 
     train = next(a for a in _parser()._subparsers._group_actions[0].choices.values() if a.prog.endswith("train"))  # noqa: SLF001
     flags = {opt for action in train._actions for opt in action.option_strings}  # noqa: SLF001
-    for cls, prefix in ((TrainRun, "--"), (GRPOConfig, "--"), (CalibrationConfig, "--calibration-"), (EvalConfig, "--eval-")):
+    for cls, prefix in (
+        (TrainRun, "--"),
+        (GRPOConfig, "--"),
+        (CalibrationConfig, "--calibration-"),
+        (EvalConfig, "--eval-"),
+    ):
         for f in dataclasses.fields(cls):
             assert prefix + f.name.replace("_", "-") in flags, (cls.__name__, f.name)
             assert field_doc(cls, f.name), f"{cls.__name__}.{f.name} has no documentation"

@@ -25,6 +25,7 @@ from wmrl_envs.world_models import (
     NoisyOracle,
     WorldModel,
     centred_bias,
+    cli,
     evaluate_fidelity,
     fidelity_from_scores,
     predict_requests,
@@ -33,7 +34,6 @@ from wmrl_envs.world_models import (
     summarize_script,
     write_logs,
 )
-from wmrl_envs.world_models import cli
 
 # ----------------------------------------------------------------- fixture logs
 _HEAD = "import numpy as np\nimport pandas as pd\n"
@@ -50,23 +50,48 @@ def _script(kind: str, task_type: str, n: int) -> str:
         est = f"RandomForest{'Classifier' if cls else 'Regressor'}(n_estimators={n}, max_depth={n // 20 + 2})"
         imp = "from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor\n"
     elif kind == "linear":
-        est = f"make_pipeline(StandardScaler(), {'LogisticRegression(C=%d, max_iter=500)' % n if cls else 'Ridge(alpha=%d)' % n})"
+        est = f"make_pipeline(StandardScaler(), {f'LogisticRegression(C={n}, max_iter=500)' if cls else f'Ridge(alpha={n})'})"
         imp = "from sklearn.pipeline import make_pipeline\nfrom sklearn.preprocessing import StandardScaler\nfrom sklearn.linear_model import LogisticRegression, Ridge\n"
     else:  # dummy
         est = f"Dummy{'Classifier' if cls else 'Regressor'}()"
         imp = "from sklearn.dummy import DummyClassifier, DummyRegressor\n"
-    cv = "from sklearn.model_selection import cross_val_score\nprint(cross_val_score(model, X, train['y'], cv=3).mean())\n" if n % 2 else ""
-    return _HEAD + f"SEED = {n}\n" + imp + _READ + f"model = {est}\n" + cv + "model.fit(X, train['y'])\npred = model.predict(Xt)\n" + _WRITE
+    cv = (
+        "from sklearn.model_selection import cross_val_score\nprint(cross_val_score(model, X, train['y'], cv=3).mean())\n"
+        if n % 2
+        else ""
+    )
+    return (
+        _HEAD
+        + f"SEED = {n}\n"
+        + imp
+        + _READ
+        + f"model = {est}\n"
+        + cv
+        + "model.fit(X, train['y'])\npred = model.predict(Xt)\n"
+        + _WRITE
+    )
 
 
 _BROKEN = {
     "runtime_error": [
-        _HEAD + "import xgboost\n" + _READ + "model = xgboost.XGBClassifier()\nmodel.fit(X, train['y'])\npred = model.predict(Xt)\n" + _WRITE,
-        _HEAD + _READ + "model = RandomForestClassifier()\nmodel.fit(X, train['y'])\npred = model.predict(Xt)\n" + _WRITE,
-        _HEAD + "train = pd.read_csv('train.csv')\npred = train['y']\n" + "pd.DataFrame({'y': pred}).to_csv('submission.csv')\n",
+        _HEAD
+        + "import xgboost\n"
+        + _READ
+        + "model = xgboost.XGBClassifier()\nmodel.fit(X, train['y'])\npred = model.predict(Xt)\n"
+        + _WRITE,
+        _HEAD
+        + _READ
+        + "model = RandomForestClassifier()\nmodel.fit(X, train['y'])\npred = model.predict(Xt)\n"
+        + _WRITE,
+        _HEAD
+        + "train = pd.read_csv('train.csv')\npred = train['y']\n"
+        + "pd.DataFrame({'y': pred}).to_csv('submission.csv')\n",
     ],
     "no_submission": [
-        _HEAD + "from sklearn.linear_model import Ridge\n" + _READ + "model = Ridge().fit(X, train['y'])\nprint(model.score(X, train['y']))\n",
+        _HEAD
+        + "from sklearn.linear_model import Ridge\n"
+        + _READ
+        + "model = Ridge().fit(X, train['y'])\nprint(model.score(X, train['y']))\n",
     ],
     "timeout": [
         _HEAD + "import time\n" + _READ + "while True:\n    time.sleep(1)\n" + _WRITE,
@@ -95,11 +120,22 @@ def make_fixture_logs(n_tasks: int = 12, seed: int = 0) -> list[LogRecord]:
             for n in (5, 20, 50, 100, 200, 400):
                 pct = float(np.clip(_BASE_PCT[kind] + 0.1 * np.log10(n / 50) + rng.normal(0, 0.04), 0, 1))
                 out = Outcome("valid", ladder_score("valid", pct), metrics={"percentile": pct}, cost=2.0)
-                records.append(LogRecord(ctx["task_id"], _script(kind, task_type, n), ctx, out, f"s{j}", "leaderboard-pool"))
+                records.append(
+                    LogRecord(ctx["task_id"], _script(kind, task_type, n), ctx, out, f"s{j}", "leaderboard-pool")
+                )
                 j += 1
         for status, scripts in _BROKEN.items():
             for code in scripts:
-                records.append(LogRecord(ctx["task_id"], code, ctx, Outcome(status, ladder_score(status), cost=1.0), f"s{j}", "leaderboard-pool"))
+                records.append(
+                    LogRecord(
+                        ctx["task_id"],
+                        code,
+                        ctx,
+                        Outcome(status, ladder_score(status), cost=1.0),
+                        f"s{j}",
+                        "leaderboard-pool",
+                    )
+                )
                 j += 1
     return records
 
@@ -184,7 +220,9 @@ def test_split_by_task_is_disjoint_and_seeded(logs):
 # --------------------------------------------------------------- features
 def test_summarize_script_finds_structure_and_failure_signals():
     s = summarize_script(_script("forest", "binary", 300), "binary")
-    assert s.families["forest"] == 1 and s.hyperparameters["n_estimators"] == 300 and s.hyperparameters["max_depth"] == 17
+    assert (
+        s.families["forest"] == 1 and s.hyperparameters["n_estimators"] == 300 and s.hyperparameters["max_depth"] == 17
+    )
     assert s.counts["writes_submission"] == 1 and s.counts["n_bad_imports"] == 0 and s.counts["n_undefined_names"] == 0
     assert s.counts["reads_train"] == 1
     s = summarize_script(_BROKEN["runtime_error"][0], "binary")
@@ -192,13 +230,19 @@ def test_summarize_script_finds_structure_and_failure_signals():
     s = summarize_script(_BROKEN["runtime_error"][1], "binary")
     assert s.undefined_names == ["RandomForestClassifier"]
     assert summarize_script(_BROKEN["runtime_error"][2]).counts["n_csv_outside_data"] == 1
-    assert summarize_script("import pandas as pd\npd.read_csv('../private/answers.csv')").counts["n_csv_outside_data"] == 1
+    assert (
+        summarize_script("import pandas as pd\npd.read_csv('../private/answers.csv')").counts["n_csv_outside_data"] == 1
+    )
     assert summarize_script("import pandas as pd\npd.read_csv('./data/train.csv')").counts["n_csv_outside_data"] == 0
-    s = summarize_script("import time, pandas as pd\ntime.sleep(600)\ns = pd.read_csv('submission.csv')\ns.to_csv('submission.csv')")
+    s = summarize_script(
+        "import time, pandas as pd\ntime.sleep(600)\ns = pd.read_csv('submission.csv')\ns.to_csv('submission.csv')"
+    )
     assert s.counts["max_sleep_seconds"] == 600 and s.counts["rereads_submission"] == 1
     assert summarize_script(_BROKEN["no_submission"][0]).counts["writes_submission"] == 0
     assert summarize_script(_BROKEN["timeout"][0]).counts["n_while_true"] == 1
-    s = summarize_script(_script("linear", "regression", 10).replace("Ridge(alpha=10)", "LogisticRegression()"), "regression")
+    s = summarize_script(
+        _script("linear", "regression", 10).replace("Ridge(alpha=10)", "LogisticRegression()"), "regression"
+    )
     assert s.counts["n_classifier_on_regression"] == 1
     assert summarize_script("x = (", None).compiles is False
 
@@ -210,7 +254,11 @@ def test_code_outcome_model_generalises_to_held_out_tasks(model, split):
     assert all(p is not None and p.source == "wm" and p.cost >= 0 for p in preds)
     acc = np.mean([p.status == r.outcome.status for p, r in zip(preds, test)])
     assert acc >= 0.85, acc
-    valid = [(p.metrics["percentile"], r.outcome.metrics["percentile"]) for p, r in zip(preds, test) if r.outcome.status == "valid"]
+    valid = [
+        (p.metrics["percentile"], r.outcome.metrics["percentile"])
+        for p, r in zip(preds, test)
+        if r.outcome.status == "valid"
+    ]
     rho = np.corrcoef(*zip(*valid))[0, 1]
     assert rho >= 0.8, rho
     for p, r in zip(preds, test):
@@ -254,10 +302,14 @@ def test_update_learns_from_anchor_outcomes(split):
     ]  # fmt: skip
     cfg = CodeOutcomeConfig(max_iter=60, min_samples_leaf=3, anchor_weight=5.0)
     m = CodeOutcomeModel(cfg).fit(train)
-    before = np.mean([p.metrics["percentile"] for p in m.predict([r.context for r in flipped], [r.code for r in flipped])])
+    before = np.mean(
+        [p.metrics["percentile"] for p in m.predict([r.context for r in flipped], [r.code for r in flipped])]
+    )
     n_before = m.info["n_used"]
     m.update(flipped)
-    after = np.mean([p.metrics["percentile"] for p in m.predict([r.context for r in flipped], [r.code for r in flipped])])
+    after = np.mean(
+        [p.metrics["percentile"] for p in m.predict([r.context for r in flipped], [r.code for r in flipped])]
+    )
     assert m.info["n_used"] == n_before + len(flipped) and m.info["n_updates"] == 1
     assert after > before + 0.2, (before, after)
     with pytest.raises(RuntimeError, match="keep_training_data"):
@@ -335,12 +387,53 @@ def test_cli_fit_fidelity_update(tmp_path, split, capsys):
     train, test = split
     write_logs(tmp_path / "train.jsonl", train)
     write_logs(tmp_path / "test.jsonl", test)
-    assert cli.main(["fit", "--logs", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "m"), "--max-iter", "30", "--min-samples-leaf", "3"]) == 0
+    assert (
+        cli.main(
+            [
+                "fit",
+                "--logs",
+                str(tmp_path / "train.jsonl"),
+                "--out",
+                str(tmp_path / "m"),
+                "--max-iter",
+                "30",
+                "--min-samples-leaf",
+                "3",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "m" / "model.joblib").is_file()
-    assert cli.main(["fidelity", "--model", str(tmp_path / "m"), "--logs", str(tmp_path / "test.jsonl"), "--json", str(tmp_path / "f.json")]) == 0
+    assert (
+        cli.main(
+            [
+                "fidelity",
+                "--model",
+                str(tmp_path / "m"),
+                "--logs",
+                str(tmp_path / "test.jsonl"),
+                "--json",
+                str(tmp_path / "f.json"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "| status accuracy |" in out and json.loads((tmp_path / "f.json").read_text())["n_records"] == len(test)
-    assert cli.main(["update", "--model", str(tmp_path / "m"), "--logs", str(tmp_path / "test.jsonl"), "--out", str(tmp_path / "m2")]) == 0
+    assert (
+        cli.main(
+            [
+                "update",
+                "--model",
+                str(tmp_path / "m"),
+                "--logs",
+                str(tmp_path / "test.jsonl"),
+                "--out",
+                str(tmp_path / "m2"),
+            ]
+        )
+        == 0
+    )
     assert CodeOutcomeModel.load(tmp_path / "m2").info["n_used"] > CodeOutcomeModel.load(tmp_path / "m").info["n_used"]
     with pytest.raises(SystemExit):
         cli.main(["fit", "--logs", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "x"), "--split", "nosuch"])

@@ -7,14 +7,18 @@ import importlib.util
 
 import pytest
 
-from wmrl_envs.world_models import QUALITY_BUCKETS, WorldModel, parse_last_json, parse_prediction
 from wmrl_envs import smollm2
+from wmrl_envs.world_models import QUALITY_BUCKETS, WorldModel, parse_last_json, parse_prediction
 from wmrl_envs.world_models.lm import LMWorldModel, LMWorldModelConfig, build_messages
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-CONTEXT = {"task_id": "t0", "overview": "Predict species of penguins from measurements.", "meta_features": {"task_type": "multiclass", "n_train": 250}}
+CONTEXT = {
+    "task_id": "t0",
+    "overview": "Predict species of penguins from measurements.",
+    "meta_features": {"task_type": "multiclass", "n_train": 250},
+}
 SCRIPT = "import pandas as pd\ntrain = pd.read_csv('data/train.csv')\nprint(train.shape)\n"
 ANSWER = '{"status": "runtime_error", "feedback": "KeyError: species"}'
 
@@ -24,7 +28,10 @@ ANSWER = '{"status": "runtime_error", "feedback": "KeyError: species"}'
     "text, expected",
     [
         ('{"status": "valid"}', {"status": "valid"}),
-        ('I think {"a": {"b": 1}} and then {"status": "timeout", "feedback": "} {"}', {"status": "timeout", "feedback": "} {"}),
+        (
+            'I think {"a": {"b": 1}} and then {"status": "timeout", "feedback": "} {"}',
+            {"status": "timeout", "feedback": "} {"},
+        ),
         ('```json\n{"status": "valid", "quality": "good"}\n```', {"status": "valid", "quality": "good"}),
         ("no json at all", None),
         ('{"status": "valid", "quality": ', None),
@@ -58,8 +65,17 @@ def test_build_messages_numbers_lines_and_cuts():
     system, user = build_messages(ctx, SCRIPT, cfg)
     assert system["role"] == "system" and user["role"] == "user"
     text = user["content"]
-    assert "   1| import pandas as pd" in text and "   2| train = " in text and "   3|" not in text and "1 more lines" in text
-    assert "overview cut" in text and "- meta_features.task_type: multiclass" in text and "- meta_features.n_train: 250" in text
+    assert (
+        "   1| import pandas as pd" in text
+        and "   2| train = " in text
+        and "   3|" not in text
+        and "1 more lines" in text
+    )
+    assert (
+        "overview cut" in text
+        and "- meta_features.task_type: multiclass" in text
+        and "- meta_features.n_train: 250" in text
+    )
     assert "KeyError 'y'" in text and "t0" not in text  # the task id is no fact worth a token
     assert '"quality"' in text and "very_poor" in text
 
@@ -72,7 +88,9 @@ def _tiny_lm():
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<pad>", "<eos>", "<unk>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=600, special_tokens=["<pad>", "<eos>", "<unk>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     corpus = [m["content"] for m in build_messages(CONTEXT, SCRIPT)] + [ANSWER, SCRIPT * 3]
     tok.train_from_iterator(corpus, trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")

@@ -12,11 +12,10 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-
-from wmrl_envs.vector import sub_info
 from gymnasium.vector import AutoresetMode
 from wrapper_toys import SyntheticWorldModel, ToySeamEnv, toy_true_score, training_steps
 
+from wmrl_envs.vector import sub_info
 from wrappers import (
     AnchorWrapper,
     CalibrationWrapper,
@@ -145,7 +144,8 @@ def test_vector_stack_batches_the_world_model_and_grades_anchors_for_real(kind):
 def test_vector_same_step_autoreset_puts_step_keys_in_final_info():
     wm = SyntheticWorldModel()
     venv = VectorAnchorWrapper(
-        VectorWorldModelWrapper(make_vector("sync", 3, max_turns=1, autoreset=AutoresetMode.SAME_STEP), wm), fraction=1.0
+        VectorWorldModelWrapper(make_vector("sync", 3, max_turns=1, autoreset=AutoresetMode.SAME_STEP), wm),
+        fraction=1.0,
     )
     venv.reset(options={"task": 7, "group_id": "g"})
     _, rewards, terminated, _, infos = venv.step(np.array([0, 1, 2]))
@@ -193,7 +193,9 @@ def test_vector_and_single_forms_reach_the_same_state():
     )
     venv = VectorCalibrationWrapper(
         VectorAnchorWrapper(
-            VectorWorldModelWrapper(make_vector("sync", 4, max_turns=1), SyntheticWorldModel(noise=0.05)), fraction=0.3, seed=4
+            VectorWorldModelWrapper(make_vector("sync", 4, max_turns=1), SyntheticWorldModel(noise=0.05)),
+            fraction=0.3,
+            seed=4,
         ),
         **config,
     )
@@ -306,7 +308,9 @@ def test_map_refits_only_at_step_boundaries_so_a_group_sees_one_map():
     """A refit due in the middle of a step waits for the next ``begin_step``: every member of
     every group of a step is calibrated by the map in force when the step began."""
     env = CalibrationWrapper(
-        AnchorWrapper(WorldModelWrapper(ToySeamEnv(n_actions=64), SyntheticWorldModel(noise=0.05)), fraction=0.5, seed=2),
+        AnchorWrapper(
+            WorldModelWrapper(ToySeamEnv(n_actions=64), SyntheticWorldModel(noise=0.05)), fraction=0.5, seed=2
+        ),
         start_pairs=6,
         refit_every=2,
     )
@@ -325,7 +329,9 @@ def test_loops_without_begin_step_refit_once_no_graded_group_is_open():
     """A plain loop (no ``begin_step``): the map refits between episodes of automatic groups,
     and only after a whole explicit group has finished."""
     env = CalibrationWrapper(
-        AnchorWrapper(WorldModelWrapper(ToySeamEnv(n_actions=64), SyntheticWorldModel(noise=0.05)), fraction=1.0, seed=2),
+        AnchorWrapper(
+            WorldModelWrapper(ToySeamEnv(n_actions=64), SyntheticWorldModel(noise=0.05)), fraction=1.0, seed=2
+        ),
         start_pairs=3,
         refit_every=1,
     )
@@ -346,7 +352,9 @@ def test_env_spec_rebuilds_the_stack_sharing_the_world_model():
     try:
         wm = SyntheticWorldModel(noise=0.05)
         env = gym.make("wmrl-test/ToySeam-v0", n_actions=8)
-        stack = CalibrationWrapper(AnchorWrapper(WorldModelWrapper(env, wm, mode="both"), fraction=0.3, seed=5), denoise=False)
+        stack = CalibrationWrapper(
+            AnchorWrapper(WorldModelWrapper(env, wm, mode="both"), fraction=0.3, seed=5), denoise=False
+        )
         names = [w.name for w in stack.spec.additional_wrappers]
         assert names == ["WorldModelWrapper", "AnchorWrapper", "CalibrationWrapper"]
         assert stack.spec.additional_wrappers[1].kwargs["fraction"] == 0.3
@@ -354,7 +362,9 @@ def test_env_spec_rebuilds_the_stack_sharing_the_world_model():
         assert isinstance(rebuilt, CalibrationWrapper) and rebuilt.calibrator.config == stack.calibrator.config
         anchor, layer = rebuilt.env, rebuilt.env.env
         assert isinstance(anchor, AnchorWrapper) and anchor.scheduler.fraction == 0.3 and anchor.scheduler.seed == 5
-        assert isinstance(layer, WorldModelWrapper) and layer.mode == "both" and layer.world_model is wm  # shared, not copied
+        assert (
+            isinstance(layer, WorldModelWrapper) and layer.mode == "both" and layer.world_model is wm
+        )  # shared, not copied
         assert rebuilt.unwrapped.n_actions == 8
         venv = VectorAnchorWrapper(VectorWorldModelWrapper(make_vector("sync", 2, max_turns=1), wm), fraction=0.5)
         assert venv._saved_kwargs["fraction"] == 0.5 and venv.env._saved_kwargs["world_model"] is wm

@@ -95,7 +95,9 @@ def test_vector_stack_on_the_autoresearch_env(pool_runs, world_model):
     venv = gym.vector.SyncVectorEnv(
         [lambda: AutoResearchEnv(TASK, max_turns=1)] * 4, autoreset_mode=AutoresetMode.SAME_STEP
     )
-    venv = VectorCalibrationWrapper(VectorAnchorWrapper(VectorWorldModelWrapper(venv, world_model), fraction=0.5, seed=0))
+    venv = VectorCalibrationWrapper(
+        VectorAnchorWrapper(VectorWorldModelWrapper(venv, world_model), fraction=0.5, seed=0)
+    )
     venv.reset(options={"task": TASK})
     anchors = venv.env.begin_step(["a", "b"])
     halves = {"a": np.arange(4) < 2, "b": np.arange(4) >= 2}
@@ -107,7 +109,9 @@ def test_vector_stack_on_the_autoresearch_env(pool_runs, world_model):
     final = infos["final_info"]  # same-step autoreset: the step's keys describe the ended episodes
     is_anchor = halves[next(iter(anchors))]
     assert list(final["anchor"]) == list(is_anchor)
-    wm_scores = [o.score for o in world_model.predict([pool_runs[s][2].context for s in sids], [pool_runs[s][0] for s in sids])]
+    wm_scores = [
+        o.score for o in world_model.predict([pool_runs[s][2].context for s in sids], [pool_runs[s][0] for s in sids])
+    ]
     assert list(final["wm_score"]) == wm_scores
     for i in range(4):
         if is_anchor[i]:

@@ -12,7 +12,8 @@ Classes: :class:`ToySeamEnv`, :class:`SyntheticWorldModel`. Functions: :func:`to
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np

@@ -31,11 +31,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+
+import tomllib
 
 __all__ = ["add_config_arguments", "build_config", "load_config_file", "config_to_dict", "field_doc"]
 
@@ -102,7 +104,9 @@ def _dest(section: str | None, name: str) -> str:
     return f"cfg_{section}__{name}" if section else f"cfg_{name}"
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, section: str | None = None, skip: tuple[str, ...] = ()) -> None:
+def add_config_arguments(
+    parser: argparse.ArgumentParser, cls: type, *, section: str | None = None, skip: tuple[str, ...] = ()
+) -> None:
     """One ``--kebab-case`` flag per field of the dataclass ``cls`` (``--<section>-<field>``
     when ``section`` is given), except those in ``skip``. A flag not given leaves the config
     file's value (or the default) in place. Sequences take several values; booleans take
@@ -144,7 +148,13 @@ def load_config_file(path: str | Path, shipped: Path | None = None) -> dict[str,
     raise ValueError(f"config file {path} must end in .toml or .json")
 
 
-def build_config(cls: type, file_values: Mapping[str, Any] | None = None, args: argparse.Namespace | None = None, *, section: str | None = None) -> Any:
+def build_config(
+    cls: type,
+    file_values: Mapping[str, Any] | None = None,
+    args: argparse.Namespace | None = None,
+    *,
+    section: str | None = None,
+) -> Any:
     """``cls(**defaults | file_values | flags)``. Unknown keys in the file are an error; the
     string ``"none"`` in a file unsets an optional field (TOML has no null). With ``section``,
     the file's values are its ``[section]`` table and the flags those added under it."""

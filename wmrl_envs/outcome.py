@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 __all__ = ["Outcome", "AUTORESEARCH_STATUSES", "EMBODIED_STATUSES", "SOURCES"]
 
@@ -48,7 +49,9 @@ class Outcome:
 
     def __post_init__(self) -> None:
         if self.status not in AUTORESEARCH_STATUSES + EMBODIED_STATUSES:
-            raise ValueError(f"Outcome.status must be one of {AUTORESEARCH_STATUSES + EMBODIED_STATUSES}, got {self.status!r}")
+            raise ValueError(
+                f"Outcome.status must be one of {AUTORESEARCH_STATUSES + EMBODIED_STATUSES}, got {self.status!r}"
+            )
         if self.source not in SOURCES:
             raise ValueError(f"Outcome.source must be one of {SOURCES}, got {self.source!r}")
         if self.score is not None:
@@ -61,7 +64,7 @@ class Outcome:
         """True when the score is known."""
         return self.score is not None
 
-    def with_score(self, score: float | None) -> "Outcome":
+    def with_score(self, score: float | None) -> Outcome:
         """A copy with another score (e.g. after calibration)."""
         return dataclasses.replace(self, score=score)
 
@@ -72,5 +75,5 @@ class Outcome:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Outcome":
+    def from_dict(cls, d: Mapping[str, Any]) -> Outcome:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})

@@ -18,8 +18,9 @@ Classes: :class:`GradingRequest`, :class:`OutcomeSeam`. Constant: :data:`GRADE_F
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from wmrl_envs.outcome import Outcome
 from wmrl_envs.vector import known_info

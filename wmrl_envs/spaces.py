@@ -36,4 +36,6 @@ class FreeText(spaces.Text):
         return f"FreeText({self.min_length}, {self.max_length})"
 
     def __eq__(self, other: Any) -> bool:
-        return isinstance(other, FreeText) and self.min_length == other.min_length and self.max_length == other.max_length
+        return (
+            isinstance(other, FreeText) and self.min_length == other.min_length and self.max_length == other.max_length
+        )

@@ -28,7 +28,8 @@ factory).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode, VectorEnv
@@ -92,4 +93,6 @@ def make_vector_env(
     vector_kwargs: dict[str, Any] = {"autoreset_mode": AutoresetMode(autoreset_mode)}
     if vectorization == "async":
         vector_kwargs["shared_memory"] = False  # Text observations are stale with shared memory
-    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=vectorization, vector_kwargs=vector_kwargs, **env_kwargs)
+    return gym.make_vec(
+        env_id, num_envs=num_envs, vectorization_mode=vectorization, vector_kwargs=vector_kwargs, **env_kwargs
+    )

@@ -22,8 +22,8 @@ from wrappers._common import find_layer, require_layer
 from wrappers.anchor import AnchorWrapper, GroupBook, VectorAnchorWrapper
 from wrappers.calibration import (
     CalibrationConfig,
-    Calibrator,
     CalibrationWrapper,
+    Calibrator,
     VectorCalibrationWrapper,
     load_stack_state_dict,
     stack_state_dict,

@@ -9,14 +9,24 @@ re-exported from :mod:`wmrl_envs.vector`: :func:`known_info`, :func:`sub_info`.
 
 from __future__ import annotations
 
-from typing import Any, Hashable, TypeVar
+from collections.abc import Hashable
+from typing import Any, TypeVar
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from wmrl_envs.vector import known_info, sub_info
 
-__all__ = ["find_layer", "require_layer", "VectorSteps", "sub_info", "known_info", "put_info", "json_key", "INFO_DTYPES"]
+__all__ = [
+    "find_layer",
+    "require_layer",
+    "VectorSteps",
+    "sub_info",
+    "known_info",
+    "put_info",
+    "json_key",
+    "INFO_DTYPES",
+]
 
 W = TypeVar("W")
 
@@ -95,7 +105,9 @@ class VectorSteps:
             return ~self._done
         return np.ones(self.num_envs, dtype=np.bool_)
 
-    def on_step(self, stepped: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def on_step(
+        self, stepped: np.ndarray, terminated: np.ndarray, truncated: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Record a ``step``; returns ``(ended, restarted)``: episodes that ended in it, and
         sub-envs that began a new episode by autoreset in it."""
         ended = stepped & (np.asarray(terminated) | np.asarray(truncated))

@@ -25,7 +25,7 @@ __all__ = ["record_constructor_args"]
 class _SharedKwargs(dict):
     """Recorded keyword arguments whose values are shared, not copied, by ``deepcopy``."""
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> "_SharedKwargs":
+    def __deepcopy__(self, memo: dict[int, Any]) -> _SharedKwargs:
         return _SharedKwargs(self)
 
 

@@ -31,15 +31,16 @@ Classes: :class:`AnchorWrapper`, :class:`VectorAnchorWrapper`, :class:`GroupBook
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Iterable, Mapping
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.utils import RecordConstructorArgs
 from gymnasium.vector import VectorEnv, VectorWrapper
 
-from wrappers._common import VectorSteps, require_layer, json_key, known_info, put_info, sub_info
+from wrappers._common import VectorSteps, json_key, known_info, put_info, require_layer, sub_info
 from wrappers._record import record_constructor_args
 from wrappers.scheduling import AnchorScheduler
 from wrappers.world_model import VectorWorldModelWrapper, WorldModelWrapper
@@ -71,7 +72,12 @@ class GroupBook:
             raise ValueError(f"group_size must be an int >= 1 or None, got {size!r}")
         group = self._groups.get(group_id)
         if group is None:
-            self._groups[group_id] = {"size": None if size is None else int(size), "joined": 1, "calibrated": [], "true": []}
+            self._groups[group_id] = {
+                "size": None if size is None else int(size),
+                "joined": 1,
+                "calibrated": [],
+                "true": [],
+            }
             return True
         if size is not None and group["size"] != size:
             raise ValueError(f"group {group_id!r} was opened with group_size={group['size']}, now {size}")

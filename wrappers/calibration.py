@@ -41,15 +41,16 @@ Classes: :class:`CalibrationConfig`, :class:`Calibrator`, :class:`CalibrationWra
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.utils import RecordConstructorArgs
 from gymnasium.vector import VectorEnv, VectorWrapper
 
-from wrappers._common import VectorSteps, find_layer, require_layer, known_info, put_info, sub_info
+from wrappers._common import VectorSteps, find_layer, known_info, put_info, require_layer, sub_info
 from wrappers._record import record_constructor_args
 from wrappers.anchor import AnchorWrapper, VectorAnchorWrapper, _AnchorBase, _AnchorCore
 from wrappers.debiasing import OnlineDebiaser
@@ -163,7 +164,9 @@ class Calibrator:
 
     def transform(self, scores: Sequence[float | None]) -> list[float | None]:
         """World-model scores as they become rewards: mapped when ``debias``, else unchanged."""
-        return self.debiaser.transform(scores) if self.config.debias else [None if s is None else float(s) for s in scores]
+        return (
+            self.debiaser.transform(scores) if self.config.debias else [None if s is None else float(s) for s in scores]
+        )
 
     @property
     def anchor_weight(self) -> float:
@@ -322,7 +325,9 @@ class CalibrationWrapper(_CalibrationBase, gym.Wrapper, RecordConstructorArgs):
         super().__init__(env)
         anchor = require_layer(env, AnchorWrapper, needed_by="CalibrationWrapper")
         self._core = Calibrator(_make_config(config, overrides))
-        self._anchor = _attach(self._core, anchor, require_layer(env, WorldModelWrapper, needed_by="CalibrationWrapper"))
+        self._anchor = _attach(
+            self._core, anchor, require_layer(env, WorldModelWrapper, needed_by="CalibrationWrapper")
+        )
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         obs, info = self.env.reset(seed=seed, options=options)

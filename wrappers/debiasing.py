@@ -25,7 +25,8 @@ Classes: :class:`OnlineDebiaser`.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 from sklearn.isotonic import IsotonicRegression

@@ -30,7 +30,8 @@ Classes: :class:`InverseVarianceWeighter`. Constants: :data:`DEGENERATE_STD`, :d
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -18,7 +18,8 @@ Classes: :class:`AnchorScheduler`.
 from __future__ import annotations
 
 import math
-from typing import Any, Hashable, Iterable
+from collections.abc import Hashable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -193,4 +194,3 @@ class AnchorScheduler:
         self._decisions = {json_key(gid): bool(flag) for gid, flag in state["decisions"]}
         self._open = {json_key(gid) for gid in state["open"]}
         self._plan = [bool(x) for x in state["plan"]]
-

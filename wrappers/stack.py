@@ -64,7 +64,9 @@ def build_stack(
         return env
     vector = isinstance(env, VectorEnv)
     world, anchor, calibrate = (
-        (VectorWorldModelWrapper, VectorAnchorWrapper, VectorCalibrationWrapper) if vector else (WorldModelWrapper, AnchorWrapper, CalibrationWrapper)
+        (VectorWorldModelWrapper, VectorAnchorWrapper, VectorCalibrationWrapper)
+        if vector
+        else (WorldModelWrapper, AnchorWrapper, CalibrationWrapper)
     )
     env = world(env, world_model, mode="env" if kind == "real" else "wm")
     if kind in ("real", "wm"):

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 from gymnasium.utils import RecordConstructorArgs
@@ -85,7 +86,7 @@ def _check_mode(mode: str) -> str:
 class _Grader:
     """World-model prediction with the score transform, counted and timed (both forms)."""
 
-    def __init__(self, world_model: "WorldModel") -> None:
+    def __init__(self, world_model: WorldModel) -> None:
         if not callable(getattr(world_model, "predict", None)):
             raise TypeError(f"world_model must have predict(contexts, actions), got {type(world_model).__name__}")
         self.world_model = world_model
@@ -155,7 +156,7 @@ class _WorldModelBase:
     _grader: _Grader
 
     @property
-    def world_model(self) -> "WorldModel":
+    def world_model(self) -> WorldModel:
         return self._grader.world_model
 
     @property
@@ -214,7 +215,7 @@ class WorldModelWrapper(_WorldModelBase, gym.Wrapper, RecordConstructorArgs):
         info["source"], info["wm_score"], env.counters.real_executions   # "wm", 0.7, 0
     """
 
-    def __init__(self, env: gym.Env, world_model: "WorldModel", mode: str = "wm") -> None:
+    def __init__(self, env: gym.Env, world_model: WorldModel, mode: str = "wm") -> None:
         record_constructor_args(self, world_model=world_model, mode=mode)  # by reference: see wrappers._record
         super().__init__(env)
         if not isinstance(env.unwrapped, OutcomeSeam):
@@ -245,7 +246,10 @@ class WorldModelWrapper(_WorldModelBase, gym.Wrapper, RecordConstructorArgs):
         if mode is not None:
             self.env.set_wrapper_attr("pending_outcome", calibrated if mode == "wm" else real)
         obs, reward, terminated, truncated, info = self.env.step(action)
-        info = {**info, **known_info(_grading_info(mode, raw, calibrated, real, real_seconds, wm_seconds, self.counters))}
+        info = {
+            **info,
+            **known_info(_grading_info(mode, raw, calibrated, real, real_seconds, wm_seconds, self.counters)),
+        }
         return obs, reward, terminated, truncated, info
 
 
@@ -276,7 +280,7 @@ class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper, RecordConstructorA
     AutoResearch env raises) need one of the other modes.
     """
 
-    def __init__(self, env: VectorEnv, world_model: "WorldModel", mode: str = "wm") -> None:
+    def __init__(self, env: VectorEnv, world_model: WorldModel, mode: str = "wm") -> None:
         record_constructor_args(self, world_model=world_model, mode=mode)
         super().__init__(env)
         self._grader = _Grader(world_model)
@@ -299,7 +303,9 @@ class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper, RecordConstructorA
         pending_actions = [a if stepped[i] else None for i, a in enumerate(iterate(self.action_space, actions))]
         self.env.set_attr("pending_action", pending_actions)
         requests = self.env.call("pending_grading_request")  # None where no action is pending
-        modes: list[str | None] = [m if (stepped[i] and requests[i] is not None) else None for i, m in enumerate(self.modes)]
+        modes: list[str | None] = [
+            m if (stepped[i] and requests[i] is not None) else None for i, m in enumerate(self.modes)
+        ]
         wm_idx = [i for i in range(n) if modes[i] in ("wm", "both")]
         raw_list, cal_list, wm_seconds = self._grader.predict([requests[i] for i in wm_idx])
         raw: list[Outcome | None] = [None] * n

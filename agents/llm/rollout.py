@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -83,7 +84,7 @@ class PhaseTimer:
         self.cpu[phase] = self.cpu.get(phase, 0.0) + cpu + child_cpu
         self.child_cpu[phase] = self.child_cpu.get(phase, 0.0) + child_cpu
 
-    def measure(self, phase: str | None) -> "_Span":
+    def measure(self, phase: str | None) -> _Span:
         """Context manager timing a span; ``phase=None`` measures without recording."""
         return _Span(self, phase)
 
@@ -92,7 +93,7 @@ class _Span:
     def __init__(self, timer: PhaseTimer, phase: str | None) -> None:
         self.timer, self.phase = timer, phase
 
-    def __enter__(self) -> "_Span":
+    def __enter__(self) -> _Span:
         self.t0 = time.perf_counter()
         self.c0, self.k0 = PhaseTimer._cpu()
         return self
@@ -144,7 +145,9 @@ class Rollout:
             self.autoreset = mode
         self.policy, self.scaffold = policy, scaffold
         self.group_size = group_size
-        self.sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, batch_size=generation_batch_size)
+        self.sampling = dict(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, batch_size=generation_batch_size
+        )
         self.idle_action = idle_action
         self.has_anchor = find_layer(env, (AnchorWrapper, VectorAnchorWrapper)) is not None
 
@@ -175,7 +178,9 @@ class Rollout:
         return out
 
     # ----- one round: up to num_slots // group_size groups ----------------------------
-    def run(self, groups: Sequence[tuple[str, Hashable]], timer: PhaseTimer, *, seed: int | None = None) -> list[Episode]:
+    def run(
+        self, groups: Sequence[tuple[str, Hashable]], timer: PhaseTimer, *, seed: int | None = None
+    ) -> list[Episode]:
         """Roll out ``group_size`` episodes for each ``(task, group_id)``; returns all episodes."""
         per_round = max(1, self.num_slots // self.group_size)
         episodes: list[Episode] = []
@@ -201,7 +206,7 @@ class Rollout:
         for member in range(self.group_size):
             options = self._options(task, gid)
             with timer.measure("env_reset"):
-                (obs, info), = self._reset([0], options)
+                ((obs, info),) = self._reset([0], options)
             episode = self._start(0, task, gid, obs, info)
             self._play([episode], timer, None if seed is None else seed + member)
             out.append(episode)

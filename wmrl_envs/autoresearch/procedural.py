@@ -77,7 +77,9 @@ class ProceduralConfig:
             raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
         bad = set(self.task_types) - set(METRICS_FOR_TYPE)
         if bad or not self.task_types:
-            raise ValueError(f"task_types must be a non-empty subset of {tuple(METRICS_FOR_TYPE)}, got {self.task_types}")
+            raise ValueError(
+                f"task_types must be a non-empty subset of {tuple(METRICS_FOR_TYPE)}, got {self.task_types}"
+            )
 
 
 def generate_frame(seed: int, config: ProceduralConfig | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -111,7 +113,13 @@ def generate_frame(seed: int, config: ProceduralConfig | None = None) -> tuple[p
     signal = (signal - signal.mean()) / (signal.std() + 1e-12)
     latent = signal + noise * rng.standard_normal(n)
 
-    spec: dict[str, Any] = {"task_type": task_type, "n_rows": n, "n_numeric": n_num, "n_categorical": n_cat, "noise": round(noise, 3)}
+    spec: dict[str, Any] = {
+        "task_type": task_type,
+        "n_rows": n,
+        "n_numeric": n_num,
+        "n_categorical": n_cat,
+        "noise": round(noise, 3),
+    }
     if task_type == "regression":
         metric = str(rng.choice(METRICS_FOR_TYPE["regression"]))
         scale = float(np.exp(rng.uniform(0, 6)))
@@ -150,8 +158,14 @@ def generate_frame(seed: int, config: ProceduralConfig | None = None) -> tuple[p
     return df, spec
 
 
-def generate_task(seed: int, root: str | Path | None = None, config: ProceduralConfig | None = None, *,
-                  leaderboard: bool = False, executor: Any = None) -> Task:
+def generate_task(
+    seed: int,
+    root: str | Path | None = None,
+    config: ProceduralConfig | None = None,
+    *,
+    leaderboard: bool = False,
+    executor: Any = None,
+) -> Task:
     """Write procedural task ``proc_<seed>`` under ``root`` (default :func:`default_task_cache`).
 
     ``leaderboard=True`` also executes the small reference pool and writes its leaderboard.
@@ -159,16 +173,24 @@ def generate_task(seed: int, root: str | Path | None = None, config: ProceduralC
     cfg = config or ProceduralConfig()
     df, spec = generate_frame(seed, cfg)
     classification = spec["task_type"] != "regression"
-    train, test = train_test_split(df, test_size=cfg.test_fraction, random_state=seed,
-                                   stratify=df["target"] if classification else None)
+    train, test = train_test_split(
+        df, test_size=cfg.test_fraction, random_state=seed, stratify=df["target"] if classification else None
+    )
     task = write_task(
-        Path(root) if root is not None else default_task_cache(), f"proc_{seed:06d}",
-        train.reset_index(drop=True), test.reset_index(drop=True),
-        target="target", task_type=spec["task_type"], metric=spec["metric"],
+        Path(root) if root is not None else default_task_cache(),
+        f"proc_{seed:06d}",
+        train.reset_index(drop=True),
+        test.reset_index(drop=True),
+        target="target",
+        task_type=spec["task_type"],
+        metric=spec["metric"],
         question=f"Predict `target` from synthetic features (procedural task, seed {seed}: {spec['n_rows']} rows, "
-                 f"noise {spec['noise']}, missing share up to {spec['missing']}).",
-        source=f"wmrl-envs procedural generator, seed {seed}", licence="CC0-1.0 (synthetic)", origin="procedural",
-        positive_class="yes" if spec["task_type"] == "binary" else None, title=f"Procedural task {seed}",
+        f"noise {spec['noise']}, missing share up to {spec['missing']}).",
+        source=f"wmrl-envs procedural generator, seed {seed}",
+        licence="CC0-1.0 (synthetic)",
+        origin="procedural",
+        positive_class="yes" if spec["task_type"] == "binary" else None,
+        title=f"Procedural task {seed}",
     )
     if leaderboard:
         from wmrl_envs.autoresearch.leaderboard import LeaderboardConfig, build_leaderboards

@@ -31,9 +31,10 @@ from __future__ import annotations
 import functools
 import json
 import textwrap
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -149,8 +150,10 @@ class Task:
         these unless their config overrides them.
         """
         own = dict(self.limits or {})
-        return {"wall_seconds": float(own.get("wall_seconds", DEFAULT_WALL_SECONDS)),
-                "memory_bytes": int(own.get("memory_bytes", DEFAULT_MEMORY_BYTES))}
+        return {
+            "wall_seconds": float(own.get("wall_seconds", DEFAULT_WALL_SECONDS)),
+            "memory_bytes": int(own.get("memory_bytes", DEFAULT_MEMORY_BYTES)),
+        }
 
     def inputs(self) -> dict[str, Path]:
         """Executor ``inputs``: the public files at ``data/<name>`` (never ``private/``)."""
@@ -199,7 +202,12 @@ class Task:
 def _overview(root: Path, max_chars: int) -> str:
     task = load_task(root)
     train = task.read_train()
-    lines = [task.description().rstrip(), "", f"## Data inventory ({len(train)} train rows, {task.stats['n_test']} test rows)", ""]
+    lines = [
+        task.description().rstrip(),
+        "",
+        f"## Data inventory ({len(train)} train rows, {task.stats['n_test']} test rows)",
+        "",
+    ]
     lines.append("column | dtype | missing | unique | examples")
     for c in train.columns:
         s = train[c]
@@ -219,7 +227,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
     return pd.read_csv(path, low_memory=False)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_task(path: str | Path) -> Task:
     """Load the task in directory ``path`` (cached per path)."""
     root = Path(path)
@@ -255,10 +263,14 @@ def get_task(task: str | Path | Task) -> Task:
         return load_task(path.resolve())
     if (catalog_root() / str(task) / "task.json").is_file():
         return load_task(catalog_root() / str(task))
-    raise ValueError(f"unknown task {task!r}: not a catalog id ({', '.join(list_catalog(tier=None)) or 'catalog not built'}) nor a task directory")
+    raise ValueError(
+        f"unknown task {task!r}: not a catalog id ({', '.join(list_catalog(tier=None)) or 'catalog not built'}) nor a task directory"
+    )
 
 
-def _stats(train: pd.DataFrame, test: pd.DataFrame, target: str, id_column: str, classes: Sequence[str] | None) -> dict[str, Any]:
+def _stats(
+    train: pd.DataFrame, test: pd.DataFrame, target: str, id_column: str, classes: Sequence[str] | None
+) -> dict[str, Any]:
     features = train.drop(columns=[target, id_column])
     categorical = [c for c in features.columns if not pd.api.types.is_numeric_dtype(features[c])]
     stats: dict[str, Any] = {
@@ -298,8 +310,8 @@ def _description(task: Task) -> str:
 
         - Task type: {task.task_type}; target column: `{task.target}`; row id: `{task.id_column}`.
         - Metric: {task.metric} ({metric.description}; {direction}).
-        - Files (in `./data/`): `train.csv` (features + target, {task.stats['n_train']} rows),
-          `test.csv` (features only, {task.stats['n_test']} rows), `sample_submission.csv`.
+        - Files (in `./data/`): `train.csv` (features + target, {task.stats["n_train"]} rows),
+          `test.csv` (features only, {task.stats["n_test"]} rows), `sample_submission.csv`.
         - Submission: write `./submission.csv` with {sub}; exactly one row per id of `test.csv`.
         - Source: {task.source}. Licence: {task.licence}.
         """
@@ -345,7 +357,9 @@ def write_task(
     if task_type not in TASK_TYPES:
         raise ValueError(f"task_type must be one of {TASK_TYPES}, got {task_type!r}")
     if metric not in METRICS_FOR_TYPE[task_type]:
-        raise ValueError(f"metric {metric!r} does not fit a {task_type} task; choose one of {METRICS_FOR_TYPE[task_type]}")
+        raise ValueError(
+            f"metric {metric!r} does not fit a {task_type} task; choose one of {METRICS_FOR_TYPE[task_type]}"
+        )
     for name, df in (("train", train), ("test", test)):
         if target not in df.columns:
             raise ValueError(f"target column {target!r} is missing from the {name} frame (columns: {list(df.columns)})")
@@ -381,7 +395,9 @@ def write_task(
         elif len(labels) < 3:
             raise ValueError(f"a multiclass task needs >= 3 classes, found {labels}")
         classes = tuple(labels)
-        fmt = {"accuracy": "label", "macro_f1": "label"}.get(metric) or ("proba_positive" if task_type == "binary" else "proba_classes")
+        fmt = {"accuracy": "label", "macro_f1": "label"}.get(metric) or (
+            "proba_positive" if task_type == "binary" else "proba_classes"
+        )
 
     task = Task(
         task_id=task_id,

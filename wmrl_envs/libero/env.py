@@ -45,7 +45,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from wmrl_envs.libero.tasks import LiberoTask, bddl_path, get_task, load_init_states, split_indices, SPLITS
+from wmrl_envs.libero.tasks import SPLITS, LiberoTask, bddl_path, get_task, load_init_states, split_indices
 from wmrl_envs.outcome import Outcome
 from wmrl_envs.seam import GradingRequest, OutcomeSeam
 from wmrl_envs.spaces import FreeText
@@ -155,7 +155,13 @@ class LiberoLongEnv(OutcomeSeam, gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
 
-    def __init__(self, task_id: int | str = 0, render_mode: str | None = None, config: LiberoLongConfig | None = None, **overrides: Any):
+    def __init__(
+        self,
+        task_id: int | str = 0,
+        render_mode: str | None = None,
+        config: LiberoLongConfig | None = None,
+        **overrides: Any,
+    ):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
         config = config or LiberoLongConfig()
@@ -222,7 +228,9 @@ class LiberoLongEnv(OutcomeSeam, gym.Env):
         if self.config.cameras:
             obs["agentview_image"] = np.ascontiguousarray(raw["agentview_image"][::-1])
             obs["wrist_image"] = np.ascontiguousarray(raw["robot0_eye_in_hand_image"][::-1])
-        obs["proprio"] = np.concatenate([raw["robot0_eef_pos"], raw["robot0_eef_quat"], raw["robot0_gripper_qpos"]]).astype(np.float32)
+        obs["proprio"] = np.concatenate(
+            [raw["robot0_eef_pos"], raw["robot0_eef_quat"], raw["robot0_gripper_qpos"]]
+        ).astype(np.float32)
         if self.config.with_object_state:
             obs["object_state"] = raw["object-state"].astype(np.float32)
         obs["instruction"] = self.task.instruction
@@ -256,7 +264,9 @@ class LiberoLongEnv(OutcomeSeam, gym.Env):
             self._frames.append(obs["agentview_image"])
 
     # -- gymnasium API ----------------------------------------------------------------------
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         super().reset(seed=seed)
         options = dict(options or {})
         unknown = set(options) - {"init_state", "split", "group_id", "task"}
@@ -335,7 +345,12 @@ class LiberoLongEnv(OutcomeSeam, gym.Env):
             "turn": self._turn,
             "init_state": self._init_index,
         }
-        return GradingRequest(context=context, action=trajectory, group_id=self._group_id, meta={"episode": self._episode, "turn": self._turn})
+        return GradingRequest(
+            context=context,
+            action=trajectory,
+            group_id=self._group_id,
+            meta={"episode": self._episode, "turn": self._turn},
+        )
 
     def grade(self, request: GradingRequest) -> Outcome | None:
         if request.meta.get("episode") != self._episode or request.meta.get("turn") != self._turn:

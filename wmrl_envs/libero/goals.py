@@ -18,8 +18,9 @@ Classes: :class:`PrivilegedProgress`. Functions: :func:`goal_predicates`,
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -229,8 +230,11 @@ def achieve_goal(
             goal[:2] = target[:2]
             drop = _drop_height(domain, joint, geoms, goal.copy(), target[2]) + 0.005
             sim.data.set_joint_qpos(joint, start)
-            waypoints = [(start[:3], np.r_[start[:2], lifted]), (np.r_[start[:2], lifted], np.r_[target[:2], lifted]),
-                         (np.r_[target[:2], lifted], np.r_[target[:2], drop])]
+            waypoints = [
+                (start[:3], np.r_[start[:2], lifted]),
+                (np.r_[start[:2], lifted], np.r_[target[:2], lifted]),
+                (np.r_[target[:2], lifted], np.r_[target[:2], drop]),
+            ]
             for a, b in waypoints:
                 for f in range(1, move_frames + 1):
                     pose = start.copy()

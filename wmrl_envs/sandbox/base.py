@@ -20,9 +20,10 @@ import shutil
 import signal
 import stat
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Mapping, Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 __all__ = [
     "STATUSES",
@@ -104,8 +105,13 @@ class Limits:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"Limits.{name} must be a positive number of seconds, got {value!r}")
             object.__setattr__(self, name, float(value))
-        for name, minimum in (("memory_bytes", 16 << 20), ("max_processes", 1), ("max_file_bytes", 1),
-                              ("max_output_bytes", 1), ("tail_bytes", 0)):
+        for name, minimum in (
+            ("memory_bytes", 16 << 20),
+            ("max_processes", 1),
+            ("max_file_bytes", 1),
+            ("max_output_bytes", 1),
+            ("tail_bytes", 0),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"Limits.{name} must be an int >= {minimum}, got {value!r}")
@@ -211,8 +217,15 @@ class WorkDir:
     but not change them.
     """
 
-    def __init__(self, script: str, inputs: Mapping[str, str | os.PathLike] | None,
-                 outputs: Sequence[str], *, owner: tuple[int, int] | None, base_dir: str | None = None):
+    def __init__(
+        self,
+        script: str,
+        inputs: Mapping[str, str | os.PathLike] | None,
+        outputs: Sequence[str],
+        *,
+        owner: tuple[int, int] | None,
+        base_dir: str | None = None,
+    ):
         if not isinstance(script, str):
             raise TypeError(f"script must be a str of Python source, got {type(script).__name__}")
         if isinstance(outputs, str):
@@ -299,8 +312,8 @@ class OutputTail:
     def add(self, chunk: bytes) -> None:
         self.total += len(chunk)
         if self.keep:
-            self._buf += chunk[-self.keep:]
-            del self._buf[:-self.keep]
+            self._buf += chunk[-self.keep :]
+            del self._buf[: -self.keep]
 
     def text(self) -> str:
         return bytes(self._buf).decode("utf-8", errors="replace")
@@ -309,13 +322,16 @@ class OutputTail:
 # Last line of a Python traceback naming the limit that was hit. A script could print
 # these itself; it would only misreport its own failure, never hide one (the exit code
 # must be non-zero too).
-_MEMORY_RE = re.compile(r"^(MemoryError|numpy\.core\._exceptions\._ArrayMemoryError)\b|Cannot allocate memory|std::bad_alloc", re.M)
+_MEMORY_RE = re.compile(
+    r"^(MemoryError|numpy\.core\._exceptions\._ArrayMemoryError)\b|Cannot allocate memory|std::bad_alloc", re.M
+)
 _FSIZE_RE = re.compile(r"\[Errno 27\] File too large", re.M)
 _NPROC_RE = re.compile(r"^BlockingIOError: \[Errno 11\] Resource temporarily unavailable|can't start new thread", re.M)
 
 
-def classify_exit(returncode: int | None, stderr_tail: str, cpu_seconds: float | None,
-                  limits: Limits) -> tuple[str, str]:
+def classify_exit(
+    returncode: int | None, stderr_tail: str, cpu_seconds: float | None, limits: Limits
+) -> tuple[str, str]:
     """``(status, reason)`` of a script that exited by itself (the supervisor did not kill it).
 
     ``returncode`` is negative for a signal death. CPU-limit deaths (SIGXCPU, or SIGKILL

@@ -41,8 +41,9 @@ def _run(args: argparse.Namespace) -> int:
             raise SystemExit(f"--input expects REL=HOST_PATH, got {item!r}")
         inputs[rel] = host
     limits = Limits(wall_seconds=args.wall, cpu_seconds=args.cpu, memory_bytes=args.memory_mb << 20)
-    result = default_executor(args.backend).run(Path(args.script).read_text(), inputs=inputs,
-                                                outputs=args.output, limits=limits)
+    result = default_executor(args.backend).run(
+        Path(args.script).read_text(), inputs=inputs, outputs=args.output, limits=limits
+    )
     if args.save_dir:
         for rel, data in result.files.items():
             dst = Path(args.save_dir, rel)

@@ -29,9 +29,9 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from wmrl_envs.sandbox.base import (
     DEFAULT_ENV,
@@ -109,19 +109,27 @@ class DockerExecutor:
         if not image_exists(self.image, self.client):
             raise SandboxUnavailable(
                 f"Docker sandbox image {self.image!r} is missing. Build it once (offline, a few minutes, as root):\n"
-                f"    python -m wmrl_envs.sandbox.cli build-image" +
-                ("" if self.config.image is None else f" --tag {self.image}"))
+                f"    python -m wmrl_envs.sandbox.cli build-image"
+                + ("" if self.config.image is None else f" --tag {self.image}")
+            )
         self._uid, self._gid = (int(x) for x in self.config.user.split(":"))
         #: Labels every container of this executor (``org.wmrl.sandbox.executor``), e.g. to find leftovers.
         self.instance_id = uuid.uuid4().hex[:12]
 
-    def run(self, script: str, *, inputs: Mapping[str, str | os.PathLike] | None = None,
-            outputs: Sequence[str] = (), limits: Limits | None = None) -> ExecutionResult:
+    def run(
+        self,
+        script: str,
+        *,
+        inputs: Mapping[str, str | os.PathLike] | None = None,
+        outputs: Sequence[str] = (),
+        limits: Limits | None = None,
+    ) -> ExecutionResult:
         """Run ``script`` as ``python3 main.py``; see :class:`~wmrl_envs.sandbox.base.Executor`."""
         limits = resolve_limits(limits)
         root = os.geteuid() == 0
-        work = WorkDir(script, inputs, outputs, owner=(self._uid, self._gid) if root else None,
-                       base_dir=self.config.work_base)
+        work = WorkDir(
+            script, inputs, outputs, owner=(self._uid, self._gid) if root else None, base_dir=self.config.work_base
+        )
         try:
             if not root:  # cannot chown: let the container's uid write anyway
                 os.chmod(work.path, 0o777)
@@ -136,23 +144,46 @@ class DockerExecutor:
 
         cpu = math.ceil(limits.cpu_seconds)
         opts = {"sweep": True, "hold_seconds": _HOLD_SECONDS if hold else 0}
-        command = [self.config.python, "-S", "-I", "-c", LAUNCHER_SOURCE, json.dumps(opts), self.config.python, "main.py"]
+        command = [
+            self.config.python,
+            "-S",
+            "-I",
+            "-c",
+            LAUNCHER_SOURCE,
+            json.dumps(opts),
+            self.config.python,
+            "main.py",
+        ]
         return self.client.containers.create(
-            self.image, command, working_dir=SANDBOX_DIR, user=self.config.user,
-            environment=dict(self.config.env), hostname="sandbox", network_mode="none",
-            mem_limit=limits.memory_bytes, memswap_limit=limits.memory_bytes,
+            self.image,
+            command,
+            working_dir=SANDBOX_DIR,
+            user=self.config.user,
+            environment=dict(self.config.env),
+            hostname="sandbox",
+            network_mode="none",
+            mem_limit=limits.memory_bytes,
+            memswap_limit=limits.memory_bytes,
             pids_limit=limits.max_processes + 1,  # + the launcher
-            nano_cpus=int(self.config.cpus * 1e9), read_only=True,
-            tmpfs={"/tmp": f"size={limits.max_file_bytes},mode=1777",
-                   "/dev/shm": f"size={limits.max_file_bytes},mode=1777"},
-            cap_drop=["ALL"], security_opt=["no-new-privileges"],
-            ulimits=[Ulimit(name="cpu", soft=cpu, hard=cpu),
-                     Ulimit(name="data", soft=limits.memory_bytes, hard=limits.memory_bytes),
-                     Ulimit(name="fsize", soft=limits.max_file_bytes, hard=limits.max_file_bytes),
-                     Ulimit(name="core", soft=0, hard=0)],
+            nano_cpus=int(self.config.cpus * 1e9),
+            read_only=True,
+            tmpfs={
+                "/tmp": f"size={limits.max_file_bytes},mode=1777",
+                "/dev/shm": f"size={limits.max_file_bytes},mode=1777",
+            },
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            ulimits=[
+                Ulimit(name="cpu", soft=cpu, hard=cpu),
+                Ulimit(name="data", soft=limits.memory_bytes, hard=limits.memory_bytes),
+                Ulimit(name="fsize", soft=limits.max_file_bytes, hard=limits.max_file_bytes),
+                Ulimit(name="core", soft=0, hard=0),
+            ],
             volumes={str(work.path): {"bind": SANDBOX_DIR, "mode": "rw"}},
-            log_config=LogConfig(type="none"), labels={"org.wmrl.sandbox": "run", "org.wmrl.sandbox.executor": self.instance_id},
-            detach=True)
+            log_config=LogConfig(type="none"),
+            labels={"org.wmrl.sandbox": "run", "org.wmrl.sandbox.executor": self.instance_id},
+            detach=True,
+        )
 
     def _run_container(self, work: WorkDir, limits: Limits) -> dict:
         hold = _ContainerCgroup.visible()
@@ -194,8 +225,17 @@ class DockerExecutor:
             status, reason = "killed_memory", f"memory limit of {limits.memory_bytes} bytes exceeded (OOM-killed)"
         else:
             status, reason = classify_exit(returncode, err.text(), cpu, limits)
-        return dict(status=status, returncode=returncode, stdout_tail=out.text(), stderr_tail=err.text(),
-                    wall_seconds=wall, cpu_seconds=cpu, peak_rss_bytes=peak, backend=self.backend, reason=reason)
+        return dict(
+            status=status,
+            returncode=returncode,
+            stdout_tail=out.text(),
+            stderr_tail=err.text(),
+            wall_seconds=wall,
+            cpu_seconds=cpu,
+            peak_rss_bytes=peak,
+            backend=self.backend,
+            reason=reason,
+        )
 
     def _watch(self, container, limits: Limits, start: float, flooded: threading.Event, hold: bool):
         """Wait for the script to finish or be killed: ``(killed, wall, cpu, peak)``.
@@ -216,8 +256,11 @@ class DockerExecutor:
                 cg = _ContainerCgroup.locate(container.id)
             pids = cg.pids() if cg else None
             if flooded.is_set() or now >= deadline:
-                killed = ("killed_limit", f"output limit of {limits.max_output_bytes} bytes exceeded") \
-                    if flooded.is_set() else ("timeout", f"wall time limit of {limits.wall_seconds:g} s exceeded")
+                killed = (
+                    ("killed_limit", f"output limit of {limits.max_output_bytes} bytes exceeded")
+                    if flooded.is_set()
+                    else ("timeout", f"wall time limit of {limits.wall_seconds:g} s exceeded")
+                )
                 return killed, now - start, *(cg.usage() if pids is not None else (None, None))
             if pids is not None:
                 if pids <= 1 and seen_script:
@@ -254,20 +297,35 @@ class _ContainerCgroup:
     @staticmethod
     def visible() -> bool:
         """Whether the engine's container cgroups can be read from here."""
-        return any(p.is_dir() for p in (_CGROUP_ROOT / "pids" / "docker", _CGROUP_ROOT / "pids" / "system.slice",
-                                        _CGROUP_ROOT / "docker", _CGROUP_ROOT / "system.slice"))
+        return any(
+            p.is_dir()
+            for p in (
+                _CGROUP_ROOT / "pids" / "docker",
+                _CGROUP_ROOT / "pids" / "system.slice",
+                _CGROUP_ROOT / "docker",
+                _CGROUP_ROOT / "system.slice",
+            )
+        )
 
     @classmethod
-    def locate(cls, container_id: str) -> "_ContainerCgroup | None":
+    def locate(cls, container_id: str) -> _ContainerCgroup | None:
         v1 = {c: _CGROUP_ROOT / c / "docker" / container_id for c in ("pids", "cpuacct", "memory")}
         if v1["pids"].is_dir():
-            return cls(v1["pids"] / "pids.current", v1["cpuacct"] / "cpuacct.usage", False,
-                       v1["memory"] / "memory.max_usage_in_bytes")
+            return cls(
+                v1["pids"] / "pids.current",
+                v1["cpuacct"] / "cpuacct.usage",
+                False,
+                v1["memory"] / "memory.max_usage_in_bytes",
+            )
         scope = f"docker-{container_id}.scope"  # systemd cgroup driver
         v1_systemd = {c: _CGROUP_ROOT / c / "system.slice" / scope for c in ("pids", "cpuacct", "memory")}
         if v1_systemd["pids"].is_dir():
-            return cls(v1_systemd["pids"] / "pids.current", v1_systemd["cpuacct"] / "cpuacct.usage", False,
-                       v1_systemd["memory"] / "memory.max_usage_in_bytes")
+            return cls(
+                v1_systemd["pids"] / "pids.current",
+                v1_systemd["cpuacct"] / "cpuacct.usage",
+                False,
+                v1_systemd["memory"] / "memory.max_usage_in_bytes",
+            )
         for d in (_CGROUP_ROOT / "system.slice" / scope, _CGROUP_ROOT / "docker" / container_id):
             if d.is_dir():
                 return cls(d / "pids.current", d / "cpu.stat", True, d / "memory.peak")
@@ -283,8 +341,11 @@ class _ContainerCgroup:
         """(CPU seconds, peak memory bytes incl. page cache); ``None`` where unreadable."""
         try:
             text = self._cpu.read_text()
-            cpu = int(dict(line.split() for line in text.splitlines())["usage_usec"]) / 1e6 if self._cpu_v2 \
+            cpu = (
+                int(dict(line.split() for line in text.splitlines())["usage_usec"]) / 1e6
+                if self._cpu_v2
                 else int(text) / 1e9
+            )
         except (OSError, ValueError, KeyError):
             cpu = None
         try:

@@ -22,14 +22,23 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from tqdm.auto import tqdm
 
 from wmrl_envs.sandbox.base import SANDBOX_DIR, SandboxUnavailable
 
-__all__ = ["PACKAGES", "IMAGE_REVISION", "build_image", "image_tag", "image_exists", "docker_client", "host_suite", "apt_mirror"]
+__all__ = [
+    "PACKAGES",
+    "IMAGE_REVISION",
+    "build_image",
+    "image_tag",
+    "image_exists",
+    "docker_client",
+    "host_suite",
+    "apt_mirror",
+]
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +61,11 @@ def host_suite() -> str:
     except OSError:
         return _FALLBACK_SUITE
     fields = dict(re.findall(r'^(\w+)="?([^"\n]*)"?$', text, re.M))
-    return fields.get("VERSION_CODENAME") if fields.get("ID") == "debian" and fields.get("VERSION_CODENAME") \
+    return (
+        fields.get("VERSION_CODENAME")
+        if fields.get("ID") == "debian" and fields.get("VERSION_CODENAME")
         else _FALLBACK_SUITE
+    )
 
 
 def image_tag(suite: str | None = None) -> str:
@@ -108,9 +120,17 @@ def image_exists(tag: str | None = None, client=None) -> bool:
         return False
 
 
-def build_image(tag: str | None = None, *, suite: str | None = None, mirror: str | None = None,
-                packages: Sequence[str] = PACKAGES, if_missing: bool = False, client=None,
-                work_base: str = "/var/tmp", progress: bool = True) -> str:
+def build_image(
+    tag: str | None = None,
+    *,
+    suite: str | None = None,
+    mirror: str | None = None,
+    packages: Sequence[str] = PACKAGES,
+    if_missing: bool = False,
+    client=None,
+    work_base: str = "/var/tmp",
+    progress: bool = True,
+) -> str:
     """Build (or, with ``if_missing``, keep) the sandbox image; returns its tag.
 
     Args:
@@ -150,8 +170,12 @@ def build_image(tag: str | None = None, *, suite: str | None = None, mirror: str
         _import(client, root, tag)
         bar.update(1)
         bar.set_postfix_str("verify")
-        out = client.containers.run(tag, ["python3", "-c", "import numpy, pandas, sklearn, scipy; print('ok')"],
-                                    network_mode="none", remove=True)
+        out = client.containers.run(
+            tag,
+            ["python3", "-c", "import numpy, pandas, sklearn, scipy; print('ok')"],
+            network_mode="none",
+            remove=True,
+        )
         if out.strip() != b"ok":
             raise RuntimeError(f"image {tag} failed its self-check: {out!r}")
         bar.update(1)
@@ -175,8 +199,12 @@ def _debootstrap(suite: str, root: Path, mirror: str, packages: Sequence[str], b
 
 def _import(client, root: Path, tag: str) -> None:
     repository, _, version = tag.rpartition(":") if ":" in tag else (tag, "", "latest")
-    changes = [f"WORKDIR {SANDBOX_DIR}", "ENV LANG=C.UTF-8", 'CMD ["python3"]',
-               f"LABEL org.wmrl.sandbox.revision={IMAGE_REVISION}"]
+    changes = [
+        f"WORKDIR {SANDBOX_DIR}",
+        "ENV LANG=C.UTF-8",
+        'CMD ["python3"]',
+        f"LABEL org.wmrl.sandbox.revision={IMAGE_REVISION}",
+    ]
     # tar keeps devices, hardlinks and ownership exactly; the SDK streams its output.
     with subprocess.Popen(["tar", "--numeric-owner", "-C", str(root), "-c", "."], stdout=subprocess.PIPE) as tar:
         client.api.import_image_from_stream(tar.stdout, repository=repository, tag=version, changes=changes)

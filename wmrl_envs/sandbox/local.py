@@ -47,9 +47,9 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from wmrl_envs.sandbox.base import (
     DEFAULT_ENV,
@@ -164,8 +164,10 @@ def _check_traversable(path: str) -> None:
     p = Path(path).resolve()
     for d in [p, *p.parents]:
         if not os.stat(d).st_mode & 0o001:
-            raise ValueError(f"work_base {str(p)!r} is not reachable by the sandbox uid: {str(d)!r} is not "
-                             f"world-traversable (o+x); choose another work_base")
+            raise ValueError(
+                f"work_base {str(p)!r} is not reachable by the sandbox uid: {str(d)!r} is not "
+                f"world-traversable (o+x); choose another work_base"
+            )
 
 
 def _uid_has_passwd_entry(uid: int) -> bool:
@@ -194,25 +196,32 @@ class LocalExecutor:
         if overrides:
             self.config = LocalConfig(**{**self.config.__dict__, **overrides})
         self._is_root = os.geteuid() == 0
-        self._uids = _UidPool(self.config.uid_base, self.config.uid_count, self.config.lock_dir) if self._is_root else None
+        self._uids = (
+            _UidPool(self.config.uid_base, self.config.uid_count, self.config.lock_dir) if self._is_root else None
+        )
         if self._is_root:
             _check_traversable(self.config.work_base or tempfile.gettempdir())
         self._bwrap, problem = self._probe_bwrap()
         self.sandboxed = self._bwrap is not None
         self.backend = "local" if self.sandboxed else "local-unsandboxed"
         if problem:
-            lost = ("NETWORK isolation (the script can open connections), FILESYSTEM isolation "
-                    "(it can read every world-readable host file and write wherever its uid may, "
-                    "e.g. /tmp), PID isolation (processes that leave the process group escape the kill)")
+            lost = (
+                "NETWORK isolation (the script can open connections), FILESYSTEM isolation "
+                "(it can read every world-readable host file and write wherever its uid may, "
+                "e.g. /tmp), PID isolation (processes that leave the process group escape the kill)"
+            )
             msg = f"wmrl sandbox: {problem}. Running WITHOUT bubblewrap loses: {lost}. Still enforced: rlimits" + (
-                ", non-root uid." if self._is_root else ".")
+                ", non-root uid." if self._is_root else "."
+            )
             if self.config.strict:
                 raise SandboxUnavailable(msg + " Refusing to run because strict=True.")
             warnings.warn(msg, RuntimeWarning, stacklevel=2)
             log.warning(msg)
         if not self._is_root:
-            msg = ("wmrl sandbox: not running as root, so scripts run under YOUR uid: the process "
-                   "limit (RLIMIT_NPROC counts all your processes) is not applied.")
+            msg = (
+                "wmrl sandbox: not running as root, so scripts run under YOUR uid: the process "
+                "limit (RLIMIT_NPROC counts all your processes) is not applied."
+            )
             if self.config.strict:
                 raise SandboxUnavailable(msg + " Refusing to run because strict=True.")
             warnings.warn(msg, RuntimeWarning, stacklevel=2)
@@ -226,8 +235,13 @@ class LocalExecutor:
             return None, f"bubblewrap ({self.config.bwrap!r}) is not installed (apt-get install bubblewrap)"
         uid = self._uids.acquire() if self._uids else None
         try:
-            proc = subprocess.run([path, *self._mounts(), "--", self.config.python, "-c", "pass"],
-                                  capture_output=True, timeout=30, cwd="/", **self._user_kwargs(uid))
+            proc = subprocess.run(
+                [path, *self._mounts(), "--", self.config.python, "-c", "pass"],
+                capture_output=True,
+                timeout=30,
+                cwd="/",
+                **self._user_kwargs(uid),
+            )
         except (OSError, subprocess.TimeoutExpired) as e:
             return None, f"bubblewrap failed to start a sandbox: {e}"
         finally:
@@ -246,8 +260,17 @@ class LocalExecutor:
         # --as-pid-1: python is the namespace's init and bwrap's direct child, so bwrap's
         # waitpid -- hence our wait4 -- accounts its CPU time and peak RSS (bwrap's own init
         # reports the exit code through a pipe and is never waited for).
-        args = ["--unshare-all", "--as-pid-1", "--die-with-parent", "--new-session", "--hostname", "sandbox",
-                "--ro-bind", "/usr", "/usr"]
+        args = [
+            "--unshare-all",
+            "--as-pid-1",
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            "sandbox",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+        ]
         for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
             if os.path.islink(top):  # merged-/usr: recreate the symlink
                 args += ["--symlink", os.readlink(top), top]
@@ -261,8 +284,12 @@ class LocalExecutor:
         """``RLIMIT_*`` name -> (soft, hard), equal: the script cannot raise them. (SIGXCPU
         would not help: the script is the pid namespace's init, which ignores it.)"""
         cpu = math.ceil(limits.cpu_seconds)
-        rl = {"RLIMIT_CPU": (cpu, cpu), "RLIMIT_DATA": (limits.memory_bytes,) * 2,
-              "RLIMIT_FSIZE": (limits.max_file_bytes,) * 2, "RLIMIT_CORE": (0, 0)}
+        rl = {
+            "RLIMIT_CPU": (cpu, cpu),
+            "RLIMIT_DATA": (limits.memory_bytes,) * 2,
+            "RLIMIT_FSIZE": (limits.max_file_bytes,) * 2,
+            "RLIMIT_CORE": (0, 0),
+        }
         if self._is_root:  # for any other uid it would count all of the caller's processes
             nproc = limits.max_processes + _OVERHEAD_PROCS[self.sandboxed]
             rl["RLIMIT_NPROC"] = (nproc, nproc)
@@ -274,21 +301,48 @@ class LocalExecutor:
         size = str(limits.max_file_bytes)
         # Writable: the work dir, and size-capped tmpfs at /tmp and /dev/shm. bwrap builds the
         # rest of the tree on a tmpfs of its own, which is remounted read-only last.
-        return [self._bwrap, *self._mounts(), "--size", size, "--tmpfs", "/tmp",
-                "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
-                "--bind", work, SANDBOX_DIR, "--chdir", SANDBOX_DIR, "--remount-ro", "/",
-                "--", self.config.python, "main.py"]
+        return [
+            self._bwrap,
+            *self._mounts(),
+            "--size",
+            size,
+            "--tmpfs",
+            "/tmp",
+            "--size",
+            size,
+            "--tmpfs",
+            "/dev/shm",
+            "--remount-ro",
+            "/dev",
+            "--bind",
+            work,
+            SANDBOX_DIR,
+            "--chdir",
+            SANDBOX_DIR,
+            "--remount-ro",
+            "/",
+            "--",
+            self.config.python,
+            "main.py",
+        ]
 
     # -- running -----------------------------------------------------------------------
 
-    def run(self, script: str, *, inputs: Mapping[str, str | os.PathLike] | None = None,
-            outputs: Sequence[str] = (), limits: Limits | None = None) -> ExecutionResult:
+    def run(
+        self,
+        script: str,
+        *,
+        inputs: Mapping[str, str | os.PathLike] | None = None,
+        outputs: Sequence[str] = (),
+        limits: Limits | None = None,
+    ) -> ExecutionResult:
         """Run ``script`` as ``python3 main.py``; see :class:`~wmrl_envs.sandbox.base.Executor`."""
         limits = resolve_limits(limits)
         uid = self._uids.acquire() if self._uids else None
         try:
-            work = WorkDir(script, inputs, outputs, owner=None if uid is None else (uid, uid),
-                           base_dir=self.config.work_base)
+            work = WorkDir(
+                script, inputs, outputs, owner=None if uid is None else (uid, uid), base_dir=self.config.work_base
+            )
             try:
                 result = self._supervise(work, limits, uid)
                 files = work.read_outputs(limits.max_file_bytes)
@@ -304,12 +358,24 @@ class LocalExecutor:
         start = time.monotonic()
         try:
             proc = subprocess.Popen(
-                [self.config.python, "-S", "-I", "-c", LAUNCHER_SOURCE,
-                 json.dumps({"rlimits": self._rlimits(limits), "report_fd": report_w, "sweep": uid is not None}),
-                 *self._command(str(work.path), limits)],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=[report_w],
-                cwd="/" if self.sandboxed else str(work.path), env=dict(self.config.env),
-                start_new_session=True, **self._user_kwargs(uid))
+                [
+                    self.config.python,
+                    "-S",
+                    "-I",
+                    "-c",
+                    LAUNCHER_SOURCE,
+                    json.dumps({"rlimits": self._rlimits(limits), "report_fd": report_w, "sweep": uid is not None}),
+                    *self._command(str(work.path), limits),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=[report_w],
+                cwd="/" if self.sandboxed else str(work.path),
+                env=dict(self.config.env),
+                start_new_session=True,
+                **self._user_kwargs(uid),
+            )
         except BaseException:
             os.close(report_r)
             raise
@@ -320,23 +386,39 @@ class LocalExecutor:
             wall = time.monotonic() - start
             raw = report.read()
         if not raw:  # the launcher itself died: nothing is known about the script's exit
-            return dict(status=killed[0] if killed else "error", returncode=None, stdout_tail=out.text(),
-                        stderr_tail=err.text(), wall_seconds=wall, cpu_seconds=None, peak_rss_bytes=None,
-                        backend=self.backend,
-                        reason=killed[1] if killed else f"sandbox launcher failed (exit {proc.returncode})")
+            return dict(
+                status=killed[0] if killed else "error",
+                returncode=None,
+                stdout_tail=out.text(),
+                stderr_tail=err.text(),
+                wall_seconds=wall,
+                cpu_seconds=None,
+                peak_rss_bytes=None,
+                backend=self.backend,
+                reason=killed[1] if killed else f"sandbox launcher failed (exit {proc.returncode})",
+            )
         rep = json.loads(raw)
         returncode = os.waitstatus_to_exitcode(rep["status"])
         if self.sandboxed and returncode > 128 and returncode - 128 < signal.NSIG:
             returncode = -(returncode - 128)  # bwrap reports a signal death as 128 + signo
         cpu = rep["utime"] + rep["stime"]
         status, reason = killed or classify_exit(returncode, err.text(), cpu, limits)
-        return dict(status=status, returncode=returncode, stdout_tail=out.text(), stderr_tail=err.text(),
-                    wall_seconds=wall, cpu_seconds=cpu, peak_rss_bytes=rep["maxrss_kb"] * 1024,
-                    backend=self.backend, reason=reason)
+        return dict(
+            status=status,
+            returncode=returncode,
+            stdout_tail=out.text(),
+            stderr_tail=err.text(),
+            wall_seconds=wall,
+            cpu_seconds=cpu,
+            peak_rss_bytes=rep["maxrss_kb"] * 1024,
+            backend=self.backend,
+            reason=reason,
+        )
 
     @staticmethod
-    def _pump(proc: subprocess.Popen, limits: Limits, start: float
-              ) -> tuple[tuple[str, str] | None, OutputTail, OutputTail]:
+    def _pump(
+        proc: subprocess.Popen, limits: Limits, start: float
+    ) -> tuple[tuple[str, str] | None, OutputTail, OutputTail]:
         """Collect output until the launcher exits; kill on the wall deadline or the output cap."""
         out, err = OutputTail(limits.tail_bytes), OutputTail(limits.tail_bytes)
         killed: tuple[str, str] | None = None

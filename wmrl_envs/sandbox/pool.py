@@ -5,8 +5,8 @@ Classes: :class:`ExecutorPool`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Iterable
 
 from tqdm.auto import tqdm
 
@@ -47,8 +47,9 @@ class ExecutorPool:
         """Queue one job; the future resolves to its :class:`ExecutionResult`."""
         if not isinstance(job, Job):
             raise TypeError(f"ExecutorPool.submit expects a Job, got {type(job).__name__}")
-        return self._threads.submit(self.executor.run, job.script, inputs=job.inputs,
-                                    outputs=job.outputs, limits=job.limits)
+        return self._threads.submit(
+            self.executor.run, job.script, inputs=job.inputs, outputs=job.outputs, limits=job.limits
+        )
 
     def map(self, jobs: Iterable[Job]) -> list[ExecutionResult]:
         """Run all jobs; results in job order. Re-raises the first job that raised (bad input)."""
@@ -65,7 +66,7 @@ class ExecutorPool:
         """Stop accepting jobs; with ``wait``, block until queued ones finish."""
         self._threads.shutdown(wait=wait, cancel_futures=not wait)
 
-    def __enter__(self) -> "ExecutorPool":
+    def __enter__(self) -> ExecutorPool:
         return self
 
     def __exit__(self, *exc) -> None:

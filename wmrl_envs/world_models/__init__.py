@@ -17,8 +17,20 @@ Importing this package does not import torch/transformers (``lm`` loads them laz
 from wmrl_envs.world_models.base import WorldModel, check_batch, predict_requests
 from wmrl_envs.world_models.code_outcome import CodeOutcomeConfig, CodeOutcomeModel
 from wmrl_envs.world_models.features import ScriptFeaturizer, summarize_script
-from wmrl_envs.world_models.fidelity import FidelityReport, centred_bias, evaluate_fidelity, fidelity_from_scores, markdown_table
-from wmrl_envs.world_models.lm import QUALITY_BUCKETS, LMWorldModel, LMWorldModelConfig, parse_last_json, parse_prediction
+from wmrl_envs.world_models.fidelity import (
+    FidelityReport,
+    centred_bias,
+    evaluate_fidelity,
+    fidelity_from_scores,
+    markdown_table,
+)
+from wmrl_envs.world_models.lm import (
+    QUALITY_BUCKETS,
+    LMWorldModel,
+    LMWorldModelConfig,
+    parse_last_json,
+    parse_prediction,
+)
 from wmrl_envs.world_models.logs import LogRecord, read_logs, split_by_task, write_logs
 from wmrl_envs.world_models.noisy_oracle import BIAS_PRESETS, LoggedOutcomes, NoisyOracle, quadratic_bias
 

@@ -12,7 +12,8 @@ Classes: :class:`WorldModel`. Functions: :func:`check_batch`, :func:`predict_req
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from wmrl_envs.outcome import Outcome
 from wmrl_envs.seam import GradingRequest

@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from wmrl_envs.world_models.code_outcome import CodeOutcomeConfig, CodeOutcomeModel
 from wmrl_envs.world_models.fidelity import evaluate_fidelity
@@ -52,9 +52,15 @@ def _select(records: list[LogRecord], split: str | None, tier: str | None = None
             cache[r.task_id, name] = _catalog_field(r.task_id, name)
         return cache[r.task_id, name]
 
-    out = [r for r in records if (split is None or field(r, "split") == split) and (tier is None or field(r, "tier") == tier)]
+    out = [
+        r
+        for r in records
+        if (split is None or field(r, "split") == split) and (tier is None or field(r, "tier") == tier)
+    ]
     if not out:
-        raise SystemExit(f"no records of split {split!r} / tier {tier!r} among {len(records)} (tasks: {sorted({r.task_id for r in records})[:10]} ...)")
+        raise SystemExit(
+            f"no records of split {split!r} / tier {tier!r} among {len(records)} (tasks: {sorted({r.task_id for r in records})[:10]} ...)"
+        )
     return out
 
 
@@ -74,7 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         fit.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(CodeOutcomeConfig, f))
     for f in ("learning_rate", "l2_regularization", "anchor_weight"):
         fit.add_argument("--" + f.replace("_", "-"), type=float, default=getattr(CodeOutcomeConfig, f))
-    fit.add_argument("--no-training-data", action="store_true", help="do not store the training matrix (smaller file; no update)")
+    fit.add_argument(
+        "--no-training-data", action="store_true", help="do not store the training matrix (smaller file; no update)"
+    )
     fit.add_argument("--no-size-features", action="store_true", help="leave out the size-vs-limit features (ablation)")
     fid = sub.add_parser("fidelity", help="fidelity report of a model on held-out logs")
     fid.add_argument("--model", required=True, help="model directory, or 'default' for the shipped model")
@@ -105,13 +113,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         model.info["training_split"] = args.split
         model.info["training_tier"] = args.tier or "all"
         out = model.save(args.out)
-        print(f"fitted on {model.info['n_used']} of {len(records)} records ({model.info['n_tasks']} tasks); saved to {out}")
+        print(
+            f"fitted on {model.info['n_used']} of {len(records)} records ({model.info['n_tasks']} tasks); saved to {out}"
+        )
         print(json.dumps(model.info["status_counts"]))
     elif args.command == "fidelity":
         model = _load_model(args.model)
         records = _select(read_logs(args.logs), args.split, args.tier)
         name = args.name or f"CodeOutcomeModel ({args.model})"
-        report = evaluate_fidelity(model, records, calibration_fraction=args.calibration_fraction, seed=args.seed, name=name, progress=True)
+        report = evaluate_fidelity(
+            model, records, calibration_fraction=args.calibration_fraction, seed=args.seed, name=name, progress=True
+        )
         table = report.to_markdown()
         print(table)
         if args.markdown:

@@ -30,9 +30,10 @@ import json
 import math
 import time
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import joblib
 import numpy as np
@@ -40,8 +41,8 @@ import sklearn
 from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 from threadpoolctl import threadpool_limits
 
-from wmrl_envs.outcome import Outcome
 from wmrl_envs.autoresearch.grading import LADDER, compile_gate, ladder_score
+from wmrl_envs.outcome import Outcome
 from wmrl_envs.world_models.base import check_batch
 from wmrl_envs.world_models.features import ScriptFeaturizer, ScriptSummary
 from wmrl_envs.world_models.logs import LogRecord
@@ -144,14 +145,17 @@ class CodeOutcomeModel:
     def fitted(self) -> bool:
         return bool(self.classes_)
 
-    def fit(self, records: Sequence[LogRecord]) -> "CodeOutcomeModel":
+    def fit(self, records: Sequence[LogRecord]) -> CodeOutcomeModel:
         """Fit on execution-log records (compile failures and unknown outcomes are left out:
         the compile gate handles the former exactly and the latter carry no label)."""
         usable = _usable(records)
         if not usable:
-            raise ValueError(f"no usable records among {len(records)}: every one failed to compile or had an unknown outcome")
+            raise ValueError(
+                f"no usable records among {len(records)}: every one failed to compile or had an unknown outcome"
+            )
         self.featurizer = ScriptFeaturizer(n_hash=self.config.n_hash, size_features=self.config.size_features).fit(
-            [r.context for r in usable], [r.code for r in usable])
+            [r.context for r in usable], [r.code for r in usable]
+        )
         arrays = self._arrays(usable)
         self._fit_arrays(*arrays)
         self.info = {
@@ -163,20 +167,25 @@ class CodeOutcomeModel:
         }
         return self
 
-    def update(self, records: Sequence[LogRecord]) -> "CodeOutcomeModel":
+    def update(self, records: Sequence[LogRecord]) -> CodeOutcomeModel:
         """Refit on the stored training data plus ``records`` (e.g. fresh anchor outcomes).
 
         The featurizer's context keys stay fixed so old and new rows share columns.
         Needs a model fitted with ``keep_training_data=True``.
         """
         if self._train is None:
-            raise RuntimeError("update needs the training data: fit (or load) a model with keep_training_data=True first")
+            raise RuntimeError(
+                "update needs the training data: fit (or load) a model with keep_training_data=True first"
+            )
         usable = _usable(records)
         if not usable:
             return self
         old = self._train
         new = self._arrays(usable)
-        self._fit_arrays(np.vstack([old["X"], new[0]]), *(np.concatenate([old[k], v]) for k, v in zip(("status", "pct", "weight"), new[1:])))
+        self._fit_arrays(
+            np.vstack([old["X"], new[0]]),
+            *(np.concatenate([old[k], v]) for k, v in zip(("status", "pct", "weight"), new[1:])),
+        )
         self.info["n_used"] = len(self._train["status"])
         self.info["n_updates"] = self.info.get("n_updates", 0) + 1
         return self
@@ -208,19 +217,27 @@ class CodeOutcomeModel:
             # Columns never observed (all NaN) are dropped: they carry nothing and
             # scikit-learn's binning rejects them.
             self._cls_cols = ~np.isnan(X).all(axis=0)
-            self._classifier = HistGradientBoostingClassifier(**self._tree_kwargs()).fit(X[:, self._cls_cols], status, sample_weight=weight)
+            self._classifier = HistGradientBoostingClassifier(**self._tree_kwargs()).fit(
+                X[:, self._cls_cols], status, sample_weight=weight
+            )
         valid = ~np.isnan(pct)
         self._regressor, self._reg_cols, self._constant_percentile = None, None, None
         if valid.sum() >= 2 * self.config.min_samples_leaf:
             Xv = X[valid]
             self._reg_cols = ~np.isnan(Xv).all(axis=0)
-            self._regressor = HistGradientBoostingRegressor(**self._tree_kwargs()).fit(Xv[:, self._reg_cols], pct[valid], sample_weight=weight[valid])
+            self._regressor = HistGradientBoostingRegressor(**self._tree_kwargs()).fit(
+                Xv[:, self._reg_cols], pct[valid], sample_weight=weight[valid]
+            )
         elif valid.any():
             self._constant_percentile = float(np.average(pct[valid], weights=weight[valid]))
-        self._train = {"X": X, "status": status, "pct": pct, "weight": weight} if self.config.keep_training_data else None
+        self._train = (
+            {"X": X, "status": status, "pct": pct, "weight": weight} if self.config.keep_training_data else None
+        )
 
     # --------------------------------------------------------------- prediction
-    def predict_proba(self, contexts: Sequence[Mapping[str, Any]], actions: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def predict_proba(
+        self, contexts: Sequence[Mapping[str, Any]], actions: Sequence[str]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(status probabilities ``[n, len(classes_)]``, valid-percentile predictions ``[n]``)
         of scripts assumed to compile (no gate applied here)."""
         if not self.fitted:
@@ -280,7 +297,13 @@ class CodeOutcomeModel:
         metrics: dict[str, Any] = {"p_status": p}
         if pct_known:
             metrics["percentile"] = float(pct)
-        return Outcome(status, min(1.0, max(0.0, score)), feedback=_feedback(status, p[status], pct if pct_known else None, summary), metrics=metrics, source="wm")
+        return Outcome(
+            status,
+            min(1.0, max(0.0, score)),
+            feedback=_feedback(status, p[status], pct if pct_known else None, summary),
+            metrics=metrics,
+            source="wm",
+        )
 
     # ------------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
@@ -310,7 +333,7 @@ class CodeOutcomeModel:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "CodeOutcomeModel":
+    def load(cls, path: str | Path) -> CodeOutcomeModel:
         """Load a model saved by :meth:`save` (a pickle: only from trusted sources)."""
         file = Path(path) / "model.joblib"
         if not file.is_file():
@@ -319,7 +342,10 @@ class CodeOutcomeModel:
         if d.get("format_version") != _FORMAT_VERSION:
             raise ValueError(f"{file}: format version {d.get('format_version')!r}, this code reads {_FORMAT_VERSION}")
         if d["sklearn_version"] != sklearn.__version__:
-            warnings.warn(f"{file} was fitted with scikit-learn {d['sklearn_version']}, running {sklearn.__version__}; refit if predictions look off", stacklevel=2)
+            warnings.warn(
+                f"{file} was fitted with scikit-learn {d['sklearn_version']}, running {sklearn.__version__}; refit if predictions look off",
+                stacklevel=2,
+            )
         model = cls(CodeOutcomeConfig(**{"size_features": False, **d["config"]}))  # saved before size features: without
         model.featurizer = ScriptFeaturizer.from_state_dict(d["featurizer"])
         model.classes_ = list(d["classes"])
@@ -331,10 +357,12 @@ class CodeOutcomeModel:
         return model
 
     @classmethod
-    def load_default(cls) -> "CodeOutcomeModel":
+    def load_default(cls) -> CodeOutcomeModel:
         """The model fitted on the shipped leaderboard-pool logs (train-split tasks)."""
         if not (DEFAULT_MODEL_DIR / "model.joblib").is_file():
-            raise FileNotFoundError(f"no default CodeOutcomeModel shipped at {DEFAULT_MODEL_DIR}; fit one with `wmrl-wm fit`")
+            raise FileNotFoundError(
+                f"no default CodeOutcomeModel shipped at {DEFAULT_MODEL_DIR}; fit one with `wmrl-wm fit`"
+            )
         return cls.load(DEFAULT_MODEL_DIR)
 
 

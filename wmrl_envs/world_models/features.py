@@ -41,14 +41,24 @@ import math
 import posixpath
 import sys
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from sklearn.feature_extraction import FeatureHasher
 
-__all__ = ["ScriptFeaturizer", "ScriptSummary", "summarize_script", "flat_context", "size_features", "ESTIMATOR_FAMILIES", "HYPERPARAMETERS",
-           "SIZE_FEATURES", "DENSE_ONEHOT_COPIES"]
+__all__ = [
+    "ScriptFeaturizer",
+    "ScriptSummary",
+    "summarize_script",
+    "flat_context",
+    "size_features",
+    "ESTIMATOR_FAMILIES",
+    "HYPERPARAMETERS",
+    "SIZE_FEATURES",
+    "DENSE_ONEHOT_COPIES",
+]
 
 ESTIMATOR_FAMILIES: Mapping[str, frozenset[str]] = {
     "linear": frozenset(
@@ -65,17 +75,23 @@ ESTIMATOR_FAMILIES: Mapping[str, frozenset[str]] = {
         "AdaBoostClassifier AdaBoostRegressor XGBClassifier XGBRegressor LGBMClassifier LGBMRegressor "
         "CatBoostClassifier CatBoostRegressor".split()
     ),
-    "knn": frozenset("KNeighborsClassifier KNeighborsRegressor RadiusNeighborsClassifier RadiusNeighborsRegressor NearestCentroid".split()),
+    "knn": frozenset(
+        "KNeighborsClassifier KNeighborsRegressor RadiusNeighborsClassifier RadiusNeighborsRegressor NearestCentroid".split()
+    ),
     "svm": frozenset("SVC SVR NuSVC NuSVR".split()),
     "naive_bayes": frozenset("GaussianNB MultinomialNB BernoulliNB ComplementNB CategoricalNB".split()),
     "neural": frozenset("MLPClassifier MLPRegressor".split()),
     "dummy": frozenset("DummyClassifier DummyRegressor".split()),
-    "meta": frozenset("VotingClassifier VotingRegressor StackingClassifier StackingRegressor OneVsRestClassifier CalibratedClassifierCV".split()),
+    "meta": frozenset(
+        "VotingClassifier VotingRegressor StackingClassifier StackingRegressor OneVsRestClassifier CalibratedClassifierCV".split()
+    ),
     "discriminant": frozenset("LinearDiscriminantAnalysis QuadraticDiscriminantAnalysis".split()),
     "gaussian_process": frozenset("GaussianProcessClassifier GaussianProcessRegressor".split()),
 }
 _PREPROCESSING: Mapping[str, frozenset[str]] = {
-    "scaler": frozenset("StandardScaler MinMaxScaler RobustScaler MaxAbsScaler Normalizer QuantileTransformer PowerTransformer".split()),
+    "scaler": frozenset(
+        "StandardScaler MinMaxScaler RobustScaler MaxAbsScaler Normalizer QuantileTransformer PowerTransformer".split()
+    ),
     "encoder": frozenset("OneHotEncoder OrdinalEncoder LabelEncoder TargetEncoder get_dummies factorize".split()),
     "imputer": frozenset("SimpleImputer KNNImputer IterativeImputer fillna".split()),
     "decomposition": frozenset("PCA TruncatedSVD".split()),
@@ -223,15 +239,26 @@ def summarize_script(code: str, task_type: str | None = None) -> ScriptSummary:
             c["n_sleep"] += name == "sleep"
             if name == "sleep" and node.args and (v := _number(node.args[0])) is not None:
                 c["max_sleep_seconds"] = max(c["max_sleep_seconds"], v)
-            if name == "read_csv" and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            if (
+                name == "read_csv"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
                 path = node.args[0].value
                 c["rereads_submission"] += "submission" in path and "sample" not in path
                 # The sandbox mounts inputs at data/ only (the written submission aside).
                 c["n_csv_outside_data"] += "submission" not in path and not posixpath.normpath(path).startswith("data/")
             c["n_exit"] += name in ("exit", "quit", "_exit")
-            if name == "get_dummies" or (name == "OneHotEncoder" and any(
-                    kw.arg in ("sparse_output", "sparse") and isinstance(kw.value, ast.Constant) and kw.value.value is False
-                    for kw in node.keywords)):
+            if name == "get_dummies" or (
+                name == "OneHotEncoder"
+                and any(
+                    kw.arg in ("sparse_output", "sparse")
+                    and isinstance(kw.value, ast.Constant)
+                    and kw.value.value is False
+                    for kw in node.keywords
+                )
+            ):
                 c["n_dense_onehot"] += 1
             for kw in node.keywords:
                 if kw.arg is None:
@@ -278,13 +305,21 @@ def summarize_script(code: str, task_type: str | None = None) -> ScriptSummary:
             c["reads_train"] |= v.endswith("train.csv")
             c["reads_test"] |= v.endswith("test.csv")
             c["reads_sample_submission"] |= v.endswith("sample_submission.csv")
-        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+        elif (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.slice, ast.Constant)
+            and isinstance(node.slice.value, str)
+        ):
             c["n_string_columns_indexed"] += 1
     c["writes_submission"] = float(c["writes_submission"] and c["calls_to_csv"] > 0)
     c["n_bad_imports"] = len(s.bad_imports)
     bound = _bound_names(tree)
     if "*" not in bound:
-        s.undefined_names = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - bound - _BUILTINS)
+        s.undefined_names = sorted(
+            {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            - bound
+            - _BUILTINS
+        )
     c["n_undefined_names"] = len(s.undefined_names)
     if task_type == "regression":
         c["n_classifier_on_regression"] = sum(e in _CLASSIFIER_NAMES for e in s.estimators)
@@ -328,7 +363,14 @@ def size_features(flat: Mapping[str, Any], summary: ScriptSummary) -> tuple[list
     dense = summary.counts.get("n_dense_onehot", 0.0) > 0
     share = 8.0 * rows * width / memory  # one dense float64 copy; NaN when any is unknown
     over = math.nan if math.isnan(share) else float(dense and DENSE_ONEHOT_COPIES * share >= 1.0)
-    values = [summary.counts.get("n_dense_onehot", math.nan), math.log10(rows), math.log10(rows * width), share, over, rows / wall]
+    values = [
+        summary.counts.get("n_dense_onehot", math.nan),
+        math.log10(rows),
+        math.log10(rows * width),
+        share,
+        over,
+        rows / wall,
+    ]
     tokens = []
     if not math.isnan(rows):
         decade = int(math.log10(rows))
@@ -361,7 +403,7 @@ class ScriptFeaturizer:
         self.size_features = bool(size_features)
         self.meta_keys: list[str] = []
 
-    def fit(self, contexts: Sequence[Mapping[str, Any]], codes: Sequence[str]) -> "ScriptFeaturizer":
+    def fit(self, contexts: Sequence[Mapping[str, Any]], codes: Sequence[str]) -> ScriptFeaturizer:
         """Learn which numeric (or boolean) context keys exist (those in at least 5% of contexts)."""
         counts: Counter = Counter()
         for ctx in contexts:
@@ -374,8 +416,16 @@ class ScriptFeaturizer:
 
     @property
     def n_features(self) -> int:
-        return (len(_COUNT_NAMES) + len(ESTIMATOR_FAMILIES) + len(_PREPROCESSING) + len(_VALIDATION) + len(HYPERPARAMETERS)
-                + len(SIZE_FEATURES) * self.size_features + len(self.meta_keys) + self.n_hash)
+        return (
+            len(_COUNT_NAMES)
+            + len(ESTIMATOR_FAMILIES)
+            + len(_PREPROCESSING)
+            + len(_VALIDATION)
+            + len(HYPERPARAMETERS)
+            + len(SIZE_FEATURES) * self.size_features
+            + len(self.meta_keys)
+            + self.n_hash
+        )
 
     def feature_names(self) -> list[str]:
         return (
@@ -391,7 +441,12 @@ class ScriptFeaturizer:
     def summaries(self, contexts: Sequence[Mapping[str, Any]], codes: Sequence[str]) -> list[ScriptSummary]:
         return [summarize_script(code, _task_type(ctx)) for ctx, code in zip(contexts, codes)]
 
-    def transform(self, contexts: Sequence[Mapping[str, Any]], codes: Sequence[str], summaries: Sequence[ScriptSummary] | None = None) -> np.ndarray:
+    def transform(
+        self,
+        contexts: Sequence[Mapping[str, Any]],
+        codes: Sequence[str],
+        summaries: Sequence[ScriptSummary] | None = None,
+    ) -> np.ndarray:
         if len(contexts) != len(codes):
             raise ValueError(f"got {len(contexts)} contexts but {len(codes)} codes")
         summaries = summaries if summaries is not None else self.summaries(contexts, codes)
@@ -411,7 +466,11 @@ class ScriptFeaturizer:
                 v = flat.get(k)
                 row.append(float(v) if isinstance(v, (int, float)) else math.nan)
             rows.append(row)
-            ctx_tokens = [f"ctx:{_leaf(k)}={v}" for k, v in flat.items() if _leaf(k) in _STRING_CONTEXT_KEYS and isinstance(v, str)]
+            ctx_tokens = [
+                f"ctx:{_leaf(k)}={v}"
+                for k, v in flat.items()
+                if _leaf(k) in _STRING_CONTEXT_KEYS and isinstance(v, str)
+            ]
             token_lists.append(s.tokens + ctx_tokens + size_tokens)
         dense = np.asarray(rows, dtype=np.float64).reshape(len(rows), -1)
         hashed = FeatureHasher(n_features=self.n_hash, input_type="string", alternate_sign=False).transform(token_lists)
@@ -419,11 +478,20 @@ class ScriptFeaturizer:
         return np.hstack([dense, hashed]).astype(np.float32)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"n_hash": self.n_hash, "max_meta_keys": self.max_meta_keys, "meta_keys": list(self.meta_keys), "size_features": self.size_features}
+        return {
+            "n_hash": self.n_hash,
+            "max_meta_keys": self.max_meta_keys,
+            "meta_keys": list(self.meta_keys),
+            "size_features": self.size_features,
+        }
 
     @classmethod
-    def from_state_dict(cls, d: Mapping[str, Any]) -> "ScriptFeaturizer":
-        f = cls(n_hash=int(d["n_hash"]), max_meta_keys=int(d["max_meta_keys"]), size_features=bool(d.get("size_features", False)))
+    def from_state_dict(cls, d: Mapping[str, Any]) -> ScriptFeaturizer:
+        f = cls(
+            n_hash=int(d["n_hash"]),
+            max_meta_keys=int(d["max_meta_keys"]),
+            size_features=bool(d.get("size_features", False)),
+        )
         f.meta_keys = list(d["meta_keys"])
         return f
 

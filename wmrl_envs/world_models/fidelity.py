@@ -32,8 +32,9 @@ Classes: :class:`FidelityReport`. Functions: :func:`evaluate_fidelity`,
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Hashable, Sequence
+from typing import Any
 
 import numpy as np
 from scipy.stats import spearmanr
@@ -43,7 +44,14 @@ from tqdm.auto import tqdm
 from wmrl_envs.world_models.base import WorldModel
 from wmrl_envs.world_models.logs import LogRecord
 
-__all__ = ["FidelityReport", "evaluate_fidelity", "fidelity_from_scores", "centred_bias", "markdown_table", "failure_kind"]
+__all__ = [
+    "FidelityReport",
+    "evaluate_fidelity",
+    "fidelity_from_scores",
+    "centred_bias",
+    "markdown_table",
+    "failure_kind",
+]
 
 
 @dataclass(frozen=True)
@@ -127,7 +135,9 @@ def _within_spearman(w: np.ndarray, t: np.ndarray, groups: Sequence[Hashable]) -
     return float(np.mean(rhos)) if rhos else None
 
 
-def centred_bias(wm: Sequence[float], truth: Sequence[float], groups: Sequence[Hashable], n_bins: int = 10) -> tuple[float | None, float | None]:
+def centred_bias(
+    wm: Sequence[float], truth: Sequence[float], groups: Sequence[Hashable], n_bins: int = 10
+) -> tuple[float | None, float | None]:
     """(bias, residual variance) of the within-group centred residual (module docstring).
 
     Groups with fewer than two members carry no within-group information and are skipped.
@@ -230,7 +240,11 @@ def fidelity_from_scores(
         time_failure_status_accuracy=kind_accuracy["time"],
         spearman=_spearman(w_ev, t_ev),
         spearman_within_group=_within_spearman(w_ev, t_ev, g_ev),
-        spearman_within_group_valid=_within_spearman(w_ev[valid_ev], t_ev[valid_ev], [x for x, v in zip(g_ev, valid_ev) if v]) if valid_ev is not None else None,
+        spearman_within_group_valid=_within_spearman(
+            w_ev[valid_ev], t_ev[valid_ev], [x for x, v in zip(g_ev, valid_ev) if v]
+        )
+        if valid_ev is not None
+        else None,
         bias_before=bias_b,
         bias_after=bias_a,
         residual_var_before=var_b,

@@ -38,9 +38,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from wmrl_envs import smollm2
 from wmrl_envs.autoresearch.grading import compile_gate, ladder_score
@@ -126,7 +127,9 @@ class LMWorldModelConfig:
         if self.backend not in ("transformers", "vllm", "auto"):
             raise ValueError(f"backend must be 'transformers', 'vllm' or 'auto', got {self.backend!r}")
         if self.batch_size < 1 or self.max_new_tokens < 1:
-            raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {self.batch_size}, {self.max_new_tokens}")
+            raise ValueError(
+                f"batch_size and max_new_tokens must be >= 1, got {self.batch_size}, {self.max_new_tokens}"
+            )
 
 
 def parse_last_json(text: str) -> dict[str, Any] | None:
@@ -189,13 +192,17 @@ def parse_prediction(text: str) -> Outcome | None:
     return Outcome(status, score, feedback=feedback.strip(), metrics=metrics, source="wm")
 
 
-def build_messages(context: Mapping[str, Any], code: str, config: LMWorldModelConfig | None = None) -> list[dict[str, str]]:
+def build_messages(
+    context: Mapping[str, Any], code: str, config: LMWorldModelConfig | None = None
+) -> list[dict[str, str]]:
     """Chat messages (system + user) asking the LM to predict the outcome of ``code``."""
     config = config or LMWorldModelConfig()
     overview = next((str(context[k]) for k in _OVERVIEW_KEYS if context.get(k)), "(no overview given)")
     if len(overview) > config.max_overview_chars:
         overview = overview[: config.max_overview_chars] + "\n[... overview cut ...]"
-    facts = [f"- {k}: {v}" for k, v in flat_context(context).items() if k.split(".")[-1] not in _SKIP_FACTS and v is not None]
+    facts = [
+        f"- {k}: {v}" for k, v in flat_context(context).items() if k.split(".")[-1] not in _SKIP_FACTS and v is not None
+    ]
     lines = code.splitlines()
     numbered = [f"{i:4d}| {line}" for i, line in enumerate(lines[: config.max_code_lines], 1)]
     if len(lines) > config.max_code_lines:
@@ -238,7 +245,9 @@ class LMWorldModel:
         if (model is None) != (tokenizer is None):
             raise ValueError("pass both model and tokenizer, or neither")
         if backend == "vllm" and model is not None:
-            raise ValueError("backend='vllm' loads its own model from config.model; a transformers model cannot be passed")
+            raise ValueError(
+                "backend='vllm' loads its own model from config.model; a transformers model cannot be passed"
+            )
         if backend == "vllm":
             self._load_vllm()
             self.model, self.tokenizer = None, self._vllm.get_tokenizer()
@@ -291,7 +300,9 @@ class LMWorldModel:
         if self._vllm is not None:
             from vllm import SamplingParams
 
-            params = SamplingParams(max_tokens=self.config.max_new_tokens, temperature=self.config.temperature, seed=self.config.seed)
+            params = SamplingParams(
+                max_tokens=self.config.max_new_tokens, temperature=self.config.temperature, seed=self.config.seed
+            )
             return [o.outputs[0].text for o in self._vllm.generate(list(prompts), params)]
         import torch
 
@@ -311,7 +322,14 @@ class LMWorldModel:
         self.tokenizer.truncation_side = "left"
         for s in range(0, len(prompts), self.config.batch_size):
             chunk = list(prompts[s : s + self.config.batch_size])
-            enc = self.tokenizer(chunk, return_tensors="pt", padding=True, truncation=True, max_length=self.config.max_prompt_tokens, add_special_tokens=False)
+            enc = self.tokenizer(
+                chunk,
+                return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=self.config.max_prompt_tokens,
+                add_special_tokens=False,
+            )
             enc = {k: v.to(self.config.device) for k, v in enc.items()}
             sample = self.config.temperature > 0
             with torch.no_grad():

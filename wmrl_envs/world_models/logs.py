@@ -12,9 +12,10 @@ Classes: :class:`LogRecord`. Functions: :func:`read_logs`, :func:`write_logs`,
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +44,7 @@ class LogRecord:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str = "record") -> "LogRecord":
+    def from_dict(cls, d: Mapping[str, Any], where: str = "record") -> LogRecord:
         missing = [k for k in _REQUIRED if k not in d]
         if missing:
             raise ValueError(f"{where}: execution-log record lacks {missing} (has {sorted(d)})")
@@ -111,7 +112,9 @@ def write_logs(path: str | Path, records: Iterable[LogRecord]) -> None:
             f.write(json.dumps(r.to_dict()) + "\n")
 
 
-def split_by_task(records: Sequence[LogRecord], test_fraction: float = 0.25, seed: int = 0) -> tuple[list[LogRecord], list[LogRecord]]:
+def split_by_task(
+    records: Sequence[LogRecord], test_fraction: float = 0.25, seed: int = 0
+) -> tuple[list[LogRecord], list[LogRecord]]:
     """Split records into (train, test) with no task in both; deterministic per ``seed``."""
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")

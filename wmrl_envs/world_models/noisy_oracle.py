@@ -18,7 +18,8 @@ Classes: :class:`NoisyOracle`, :class:`LoggedOutcomes`. Constant: :data:`BIAS_PR
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +74,13 @@ class NoisyOracle:
     ('wm', 0.575)
     """
 
-    def __init__(self, grader: Callable[[GradingRequest], Outcome | None], bias: str | Callable[[Any], Any] = "identity", sigma: float = 0.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        grader: Callable[[GradingRequest], Outcome | None],
+        bias: str | Callable[[Any], Any] = "identity",
+        sigma: float = 0.0,
+        seed: int = 0,
+    ) -> None:
         if not callable(grader):
             raise TypeError(f"grader must be callable (GradingRequest -> Outcome | None), got {type(grader).__name__}")
         if isinstance(bias, str):

@@ -19,8 +19,9 @@ Classes: :class:`ProgressPrediction`, :class:`ProgressWorldModel`,
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -64,8 +65,9 @@ class ProgressWorldModel(Protocol):
 
     input_kind: str
 
-    def predict_progress(self, episodes: Sequence[np.ndarray], instructions: Sequence[str]) -> list[ProgressPrediction]:
-        ...
+    def predict_progress(
+        self, episodes: Sequence[np.ndarray], instructions: Sequence[str]
+    ) -> list[ProgressPrediction]: ...
 
 
 def dense_score(prediction: ProgressPrediction, mode: str = "potential", k: int = 3) -> tuple[float, float]:
@@ -112,7 +114,13 @@ class ProgressOutcomeModel:
     [Outcome(status='failure', score=0.04, ..., source='wm')]
     """
 
-    def __init__(self, model: ProgressWorldModel, mode: Literal["potential", "final", "max", "success"] = "potential", k: int = 3, success_threshold: float = 0.5):
+    def __init__(
+        self,
+        model: ProgressWorldModel,
+        mode: Literal["potential", "final", "max", "success"] = "potential",
+        k: int = 3,
+        success_threshold: float = 0.5,
+    ):
         if mode not in DENSE_MODES:
             raise ValueError(f"mode must be one of {DENSE_MODES}, got {mode!r}")
         if getattr(model, "input_kind", None) not in ("frames", "states"):
@@ -140,7 +148,9 @@ class ProgressOutcomeModel:
         instructions = [getattr(a, "instruction", None) or c.get("instruction") for c, a in zip(contexts, actions)]
         for i, text in enumerate(instructions):
             if not isinstance(text, str):
-                raise ValueError(f"episode {i} has no instruction (neither action.instruction nor context['instruction'])")
+                raise ValueError(
+                    f"episode {i} has no instruction (neither action.instruction nor context['instruction'])"
+                )
         predictions = self.model.predict_progress(episodes, instructions)
         cost = (time.perf_counter() - start) / len(actions)
         outcomes: list[Outcome | None] = []

@@ -27,9 +27,10 @@ import argparse
 import json
 import pickle
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -85,12 +86,14 @@ class ProgressDataset:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "ProgressDataset":
+    def load(cls, path: str | Path) -> ProgressDataset:
         with np.load(path, allow_pickle=False) as z:
             header = json.loads(str(z["header"]))
             return cls(
                 [
-                    ProgressEpisode(h["instruction"], z[f"states_{i}"], z[f"progress_{i}"], z[f"goal_holds_{i}"], h["meta"])
+                    ProgressEpisode(
+                        h["instruction"], z[f"states_{i}"], z[f"progress_{i}"], z[f"goal_holds_{i}"], h["meta"]
+                    )
                     for i, h in enumerate(header)
                 ]
             )
@@ -119,11 +122,16 @@ class StateProgressModel:
     input_kind = "states"
 
     def __init__(self, max_iter: int = 60, max_leaf_nodes: int = 31, learning_rate: float = 0.1, seed: int = 0):
-        self.params = {"max_iter": max_iter, "max_leaf_nodes": max_leaf_nodes, "learning_rate": learning_rate, "random_state": seed}
+        self.params = {
+            "max_iter": max_iter,
+            "max_leaf_nodes": max_leaf_nodes,
+            "learning_rate": learning_rate,
+            "random_state": seed,
+        }
         self.models: dict[str, tuple[Any, Any | None, int]] = {}
         self.info: dict[str, Any] = {}
 
-    def fit(self, dataset: ProgressDataset) -> "StateProgressModel":
+    def fit(self, dataset: ProgressDataset) -> StateProgressModel:
         from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 
         if not dataset.episodes:
@@ -143,7 +151,9 @@ class StateProgressModel:
         self.info = {"episodes": len(dataset), "instructions": len(self.models), "params": self.params}
         return self
 
-    def predict_progress(self, episodes: Sequence[np.ndarray], instructions: Sequence[str]) -> list[ProgressPrediction | None]:
+    def predict_progress(
+        self, episodes: Sequence[np.ndarray], instructions: Sequence[str]
+    ) -> list[ProgressPrediction | None]:
         if len(episodes) != len(instructions):
             raise ValueError(f"predict_progress got {len(episodes)} episodes but {len(instructions)} instructions")
         if not self.models:
@@ -156,7 +166,9 @@ class StateProgressModel:
             reg, clf, dim = self.models[instruction]
             states = np.asarray(states, np.float32)
             if states.ndim != 2 or states.shape[1] != dim or len(states) == 0:
-                raise ValueError(f"episodes[{i}] must be a (T, {dim}) state array for {instruction!r}, got shape {states.shape}")
+                raise ValueError(
+                    f"episodes[{i}] must be a (T, {dim}) state array for {instruction!r}, got shape {states.shape}"
+                )
             # One thread: per-tree OpenMP regions on a few hundred rows cost more than they
             # save, and stall badly when the simulator processes hold the cores.
             with threadpool_limits(1):
@@ -170,11 +182,13 @@ class StateProgressModel:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("wb") as f:
-            pickle.dump({"format": _FORMAT, "params": self.params, "models": self.models, "info": self.info}, f, protocol=5)
+            pickle.dump(
+                {"format": _FORMAT, "params": self.params, "models": self.models, "info": self.info}, f, protocol=5
+            )
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "StateProgressModel":
+    def load(cls, path: str | Path) -> StateProgressModel:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no StateProgressModel file at {path}")
@@ -223,7 +237,9 @@ def progress_fidelity(model: StateProgressModel, dataset: ProgressDataset) -> di
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m wmrl_envs.world_models.progress_learned", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m wmrl_envs.world_models.progress_learned", description=__doc__.split("\n")[0]
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     fit = sub.add_parser("fit", help="fit on a ProgressDataset and save")
     fit.add_argument("train", help="training ProgressDataset (.npz)")
@@ -241,7 +257,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         model.save(args.out)
         print(json.dumps(model.info, indent=2))
     else:
-        print(json.dumps(progress_fidelity(StateProgressModel.load(args.model), ProgressDataset.load(args.data)), indent=2))
+        print(
+            json.dumps(
+                progress_fidelity(StateProgressModel.load(args.model), ProgressDataset.load(args.data)), indent=2
+            )
+        )
     return 0
 
 

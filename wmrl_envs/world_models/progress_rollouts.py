@@ -26,14 +26,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from tqdm import tqdm
 
 from wmrl_envs.libero.tasks import LIBERO_10_TASKS, get_task, split_indices
-from wmrl_envs.world_models.progress_learned import ProgressDataset, ProgressEpisode, StateProgressModel, progress_fidelity
+from wmrl_envs.world_models.progress_learned import (
+    ProgressDataset,
+    ProgressEpisode,
+    StateProgressModel,
+    progress_fidelity,
+)
 
 __all__ = ["log_episodes", "collect", "DEFAULT_PROGRESS_MODEL", "KINDS"]
 
@@ -52,7 +57,9 @@ def _random_actions(rng: np.random.Generator, n: int) -> np.ndarray:
     return np.clip(actions * 2.0, -1, 1)
 
 
-def log_episodes(env, init_state: int, kinds: Sequence[str] = KINDS, *, random_steps: int = 30, lead_steps: int = 5, seed: int = 0) -> list[ProgressEpisode]:
+def log_episodes(
+    env, init_state: int, kinds: Sequence[str] = KINDS, *, random_steps: int = 30, lead_steps: int = 5, seed: int = 0
+) -> list[ProgressEpisode]:
     """Roll out ``kinds`` of episodes from ``init_state`` on a state-only :class:`LiberoLongEnv`.
 
     >>> env = LiberoLongEnv(task_id=7, cameras=False)  # doctest: +SKIP
@@ -74,9 +81,9 @@ def log_episodes(env, init_state: int, kinds: Sequence[str] = KINDS, *, random_s
 
         def label(obs):
             p = privileged_progress(env.sim_env)
-            states.append(env.state_vector(obs))
-            progress.append(p.progress)
-            holds.append(p.success)
+            states.append(env.state_vector(obs))  # noqa: B023 -- called within this episode only
+            progress.append(p.progress)  # noqa: B023
+            holds.append(p.success)  # noqa: B023
 
         label(obs)
         for a in _random_actions(rng, random_steps if kind == "random" else lead_steps):
@@ -97,7 +104,9 @@ def log_episodes(env, init_state: int, kinds: Sequence[str] = KINDS, *, random_s
     return episodes
 
 
-def collect(task_ids: Sequence[int], init_states: Sequence[int], *, seed: int = 0, progress: bool = True) -> ProgressDataset:
+def collect(
+    task_ids: Sequence[int], init_states: Sequence[int], *, seed: int = 0, progress: bool = True
+) -> ProgressDataset:
     """All :data:`KINDS` of episodes for each task and initial state (one env at a time)."""
     from wmrl_envs.libero.env import LiberoLongEnv
 
@@ -117,10 +126,15 @@ def collect(task_ids: Sequence[int], init_states: Sequence[int], *, seed: int = 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m wmrl_envs.world_models.progress_rollouts", description="log labelled rollouts and fit a StateProgressModel")
+    parser = argparse.ArgumentParser(
+        prog="python -m wmrl_envs.world_models.progress_rollouts",
+        description="log labelled rollouts and fit a StateProgressModel",
+    )
     parser.add_argument("--out-dir", required=True, type=Path)
     parser.add_argument("--tasks", type=int, nargs="*", default=[t.index for t in LIBERO_10_TASKS])
-    parser.add_argument("--train-inits", type=int, default=4, help="initial states per task from the in-distribution split")
+    parser.add_argument(
+        "--train-inits", type=int, default=4, help="initial states per task from the in-distribution split"
+    )
     parser.add_argument("--heldout-inits", type=int, default=2, help="initial states per task from the held-out split")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model-out", type=Path, help="where to save the model (default OUT_DIR/progress_model.pkl)")

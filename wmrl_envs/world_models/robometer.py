@@ -17,8 +17,9 @@ Classes: :class:`RobometerWorldModel`. Functions: :func:`check_checkpoint_dir`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -67,7 +68,14 @@ class RobometerWorldModel:
 
     input_kind = "frames"
 
-    def __init__(self, checkpoint_dir: str | Path, predictor: Callable[[Path, str], Predictor] | None = None, *, device: str = "cpu", max_frames: int = 16):
+    def __init__(
+        self,
+        checkpoint_dir: str | Path,
+        predictor: Callable[[Path, str], Predictor] | None = None,
+        *,
+        device: str = "cpu",
+        max_frames: int = 16,
+    ):
         self.checkpoint_dir = check_checkpoint_dir(checkpoint_dir)
         if predictor is None:
             raise ValueError(
@@ -84,7 +92,9 @@ class RobometerWorldModel:
             return np.arange(len(video))
         return np.unique(np.linspace(0, len(video) - 1, self.max_frames).round().astype(int))
 
-    def predict_progress(self, episodes: Sequence[np.ndarray], instructions: Sequence[str]) -> list[ProgressPrediction | None]:
+    def predict_progress(
+        self, episodes: Sequence[np.ndarray], instructions: Sequence[str]
+    ) -> list[ProgressPrediction | None]:
         if len(episodes) != len(instructions):
             raise ValueError(f"predict_progress got {len(episodes)} episodes but {len(instructions)} instructions")
         videos, indices = [], []

@@ -1,0 +1,61 @@
+"""World-model exploitation monitor: does the policy learn to fool the world model?
+
+A policy trained on world-model rewards can drift towards samples the world model overrates
+(world-model RL papers warn about exactly this). Anchor groups expose it for free: their
+members are graded by the world model *and* for real, on the current policy's own samples.
+Per step, over the anchor groups that completed:
+
+* ``gap``: mean of (calibrated world-model score - real score) over their members; a gap
+  that grows positive during training means the policy is finding what the world model
+  overrates;
+* ``rank_agreement``: mean within-group Spearman correlation between calibrated and real
+  scores (groups with constant scores on either side skipped): GRPO only uses the ranking
+  inside a group, so this is what the world-model rewards get right or wrong.
+
+The inputs are the ``group_result`` dicts the :class:`~wrappers.AnchorWrapper` reports
+(``anchor``, ``calibrated``, ``true``: per-member lists). Acting on the numbers (raising the
+anchor fraction, or stopping) is the trainer's business: see
+:class:`agents.llm.trainer.ExploitationGuard`.
+
+Functions: :func:`anchor_group_stats`.
+
+>>> stats = anchor_group_stats([{"anchor": True, "calibrated": [0.9, 0.6, 0.5], "true": [0.7, 0.6, 0.2]}])
+>>> round(stats["gap"], 4), stats["rank_agreement"], stats["anchor_groups"]
+(0.1667, 1.0, 1)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+from scipy.stats import spearmanr
+
+__all__ = ["anchor_group_stats"]
+
+
+def anchor_group_stats(results: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """``gap``, ``rank_agreement`` and ``anchor_groups`` over the anchor groups among
+    ``results`` (unknown scores excluded; a statistic with nothing to average is ``None``)."""
+    gaps: list[float] = []
+    ranks: list[float] = []
+    n = 0
+    for r in results:
+        if not r.get("anchor"):
+            continue
+        pairs = [
+            (c, t) for c, t in zip(r.get("calibrated") or (), r.get("true") or ()) if c is not None and t is not None
+        ]
+        if not pairs:
+            continue
+        n += 1
+        cal, true = np.array(pairs, dtype=float).T
+        gaps.extend(cal - true)
+        if len(pairs) >= 2 and np.ptp(cal) > 1e-9 and np.ptp(true) > 1e-9:
+            ranks.append(float(spearmanr(cal, true).statistic))
+    return {
+        "gap": float(np.mean(gaps)) if gaps else None,
+        "rank_agreement": float(np.mean(ranks)) if ranks else None,
+        "anchor_groups": n,
+    }
