@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from agents.llm.loading import load_policy, load_world_model
+from agents.llm.loading import load_policy, load_world_model, warm_start_plans
 from benchmarks.common import ARMS, cpu_clock, new_figure, save_figure, summarize_seeds
 from benchmarks.report import machine_summary, markdown_table, write_results
 from wmrl_envs.config_cli import config_to_dict
@@ -88,8 +88,12 @@ class SpeedupConfig:
         temperature: sampling temperature in training.
         learning_rate: AdamW step size.
         micro_batch_size: sequences per forward/backward pass.
-        policy: ``tiny-plan`` (a small from-config model warm-started on example plans: learns
-            within minutes on CPU), ``default`` (SmolLM2-135M-Instruct) or ``tiny``.
+        policy: ``tiny`` (a small from-config model: with the warm start below it writes valid
+            plans and learns within minutes on CPU), ``default`` (SmolLM2-135M-Instruct) or
+            ``tiny-plan`` (tiny with the library's short 30-step warm start).
+        warm_start_steps: supervised steps on example plans before any arm starts (untimed,
+            shared by all arms; 0 = none).
+        warm_start_lr: learning rate of that warm start.
         scaffold: ``plan`` (compact plan scaffold) or ``raw`` (raw code).
         world_model: ``default`` (shipped fitted CodeOutcomeModel) or a saved model directory.
         anchor_fraction: target share of anchor groups (WMRL arm).
@@ -115,7 +119,7 @@ class SpeedupConfig:
     arms: tuple[str, ...] = ARMS
     seeds: tuple[int, ...] = (0,)
     tier: str = "full"
-    budget_cpu_s: float = 180.0
+    budget_cpu_s: float = 150.0
     eval_fractions: tuple[float, ...] = (0.0, 0.5, 1.0)
     max_steps: int = 400
     groups_per_step: int = 4
@@ -125,7 +129,9 @@ class SpeedupConfig:
     temperature: float = 1.0
     learning_rate: float = 1e-3
     micro_batch_size: int = 8
-    policy: str = "tiny-plan"
+    policy: str = "tiny"
+    warm_start_steps: int = 150
+    warm_start_lr: float = 5e-3
     scaffold: str = "plan"
     world_model: str = "default"
     anchor_fraction: float = 0.10
@@ -397,6 +403,15 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
     bar = tqdm(total=len(config.seeds) * len(config.arms), desc="speedup", disable=not progress)
     for seed in config.seeds:
         policy = load_policy(config.policy, seed=seed)
+        if config.warm_start_steps:
+            warm_start_plans(
+                policy,
+                train_tasks,
+                steps=config.warm_start_steps,
+                learning_rate=config.warm_start_lr,
+                seed=seed,
+                scaffold=scaffold,
+            )
         initial = policy.trainable_state_dict()
         start_point: dict[str, Any] | None = None
         for arm in config.arms:
