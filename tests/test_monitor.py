@@ -1,0 +1,64 @@
+"""The world-model exploitation monitor and the guard acting on it."""
+
+import gymnasium as gym
+import pytest
+
+import wmrl_envs  # noqa: F401  (registers the env ids)
+from wmrl_envs.world_models import CodeOutcomeModel
+from wrappers import build_stack
+from wrappers.monitor import anchor_group_stats
+
+pytest.importorskip("torch")
+from agents.llm.trainer import ExploitationGuard  # noqa: E402
+
+
+def test_anchor_group_stats_reads_only_anchor_groups_and_known_scores():
+    results = [
+        {"anchor": True, "calibrated": [0.9, 0.5, None], "true": [0.5, 0.3, 0.2]},  # gap +0.4, +0.2
+        {"anchor": True, "calibrated": [0.2, 0.6], "true": [0.6, 0.2]},  # reversed ranking
+        {"anchor": False, "calibrated": [1.0, 0.0], "true": [0.0, 1.0]},  # not an anchor: ignored
+        {"anchor": True, "calibrated": [0.5, 0.5], "true": [0.1, 0.9]},  # constant WM side: no rank
+    ]
+    stats = anchor_group_stats(results)
+    assert stats["anchor_groups"] == 3
+    assert stats["gap"] == pytest.approx((0.4 + 0.2 + -0.4 + 0.4 + 0.4 - 0.4) / 6)
+    assert stats["rank_agreement"] == pytest.approx((1.0 + -1.0) / 2)
+    assert anchor_group_stats([]) == {"gap": None, "rank_agreement": None, "anchor_groups": 0}
+
+
+@pytest.fixture
+def stack():
+    env = build_stack(
+        gym.make("wmrl/AutoResearch-v0", split="train"), "wmrl", CodeOutcomeModel.load_default(), anchor_fraction=0.1
+    )
+    yield env
+    env.close()
+
+
+def test_guard_raises_the_anchor_fraction_on_a_smoothed_gap(stack, capsys):
+    guard = ExploitationGuard(stack, max_gap=0.2, action="raise", factor=2.0, max_fraction=0.3, window=2)
+    scheduler = guard.anchor.scheduler
+    assert guard(1, {"monitor/gap": 0.3}) is False and scheduler.fraction == pytest.approx(0.2)
+    assert "anchor fraction 0.1 -> 0.2" in capsys.readouterr().out
+    assert guard(2, {"monitor/gap": 0.1}) is False and scheduler.fraction == pytest.approx(
+        0.2
+    )  # fresh window: 0.1 < 0.2
+    assert guard(3, {"monitor/gap": 0.5}) is False and scheduler.fraction == pytest.approx(0.3)  # mean 0.3, capped
+    assert guard(4, {"monitor/gap": None}) is False  # steps without anchor groups change nothing
+    assert [e["fraction"] for e in guard.events] == [pytest.approx(0.2), pytest.approx(0.3)]
+
+
+def test_guard_stops_with_a_message(stack, capsys):
+    guard = ExploitationGuard(stack, min_rank_agreement=0.5, action="stop")
+    assert guard(1, {"monitor/rank_agreement": 0.8}) is False
+    assert guard(2, {"monitor/rank_agreement": -0.4}) is True
+    assert "rank agreement on anchor groups fell to 0.200" in capsys.readouterr().out
+
+
+def test_guard_needs_an_anchor_layer_and_a_threshold(stack):
+    with pytest.raises(TypeError, match="needs an AnchorWrapper"):
+        ExploitationGuard(gym.make("wmrl/AutoResearch-v0", split="train"), max_gap=0.1)
+    with pytest.raises(ValueError, match="max_gap and/or min_rank_agreement"):
+        ExploitationGuard(stack)
+    with pytest.raises(ValueError, match="action must be"):
+        ExploitationGuard(stack, max_gap=0.1, action="panic")
