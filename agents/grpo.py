@@ -58,12 +58,14 @@ __all__ = [
     "grpo_loss",
     "concat_segments",
     "LOSS_AGGREGATIONS",
+    "LossAggregation",
 ]
 
 #: ``"token-mean"``: every unmasked token of the batch weighs the same (DAPO / Dr.GRPO);
 #: ``"seq-mean-token-mean"``: mean over each sequence's tokens, then over sequences
 #: (the original GRPO paper, which favours short answers).
-LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
+LossAggregation = Literal["token-mean", "seq-mean-token-mean"]
+LOSS_AGGREGATIONS: tuple[LossAggregation, ...] = ("token-mean", "seq-mean-token-mean")
 
 
 @dataclass(frozen=True)
@@ -159,12 +161,14 @@ def group_advantages(
             skipped += 1
             continue
         used += 1
-        group_sources = {sources[i] for i in graded} - {None} if sources is not None else set()
+        group_sources: set[str] = (
+            {src for i in graded if (src := sources[i]) is not None} if sources is not None else set()
+        )
         if len(group_sources) > 1:
             raise ValueError(f"group {g!r} mixes sources {sorted(group_sources)}; anchor decisions are per group")
         is_anchor = group_sources == {"env"}
         anchors += is_anchor
-        values = [float(rewards[i]) for i in graded]
+        values = [float(rw) for i in graded if (rw := rewards[i]) is not None]  # all of graded
         mean = sum(values) / len(values)
         if max(values) - min(values) == 0.0:
             degenerate += 1
@@ -222,7 +226,7 @@ def grpo_loss(
     beta: float = 0.0,
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
-    aggregation: Literal["token-mean", "seq-mean-token-mean"] = "token-mean",
+    aggregation: LossAggregation = "token-mean",
 ) -> LossOutput:
     """Clipped policy-gradient loss per token, plus optional KL and entropy terms.
 

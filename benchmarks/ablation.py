@@ -402,8 +402,10 @@ def _draw(
     chosen = [names[int(i)] for i in rng.integers(len(names), size=config.groups_per_step)]
     picks = [policy.sample(tasks.ids[t], config.group_size, rng) for t in chosen]
     true = [tasks.true[t][p].tolist() for t, p in zip(chosen, picks)]
-    wm = [scorer(t, p) if scorer is not None else [None] * len(p) for t, p in zip(chosen, picks)]
-    anchors = frozenset()
+    wm: list[list[float | None]] = [
+        scorer(t, p) if scorer is not None else [None] * len(p) for t, p in zip(chosen, picks)
+    ]
+    anchors: frozenset = frozenset()
     if scheduler is not None:
         gids = list(range(config.groups_per_step))
         anchors = scheduler.begin_step(gids)
@@ -436,6 +438,7 @@ class _Arm:
         sources: list[str] = []
         for g, (true, wm) in enumerate(zip(batch.true, batch.wm)):
             real = self.name == "real" or (self.name != "wm-only" and g in batch.anchors)
+            scores: list[float | None]
             if real:
                 scores = list(true)
             elif self.calibrator is not None:
@@ -582,7 +585,7 @@ def gradient_error(
     scheduler = AnchorScheduler(config.anchor_fraction, config.anchor_min_per_step, seed=seed)
     arms = [_Arm(v, config) for v in VARIANTS]
     n = len(tasks.vocabulary)
-    stats = {
+    stats: dict[tuple[str, str], dict[str, Any]] = {
         (v, norm): {"sq": 0.0, "sum": np.zeros(n), "cos": 0.0, "dot": 0.0, "norm2": 0.0}
         for v in VARIANTS
         for norm in config.normalisations
@@ -669,8 +672,8 @@ def run(config: AblationConfig, run_dir: Path, *, progress: bool = True) -> dict
         for wm_name in config.world_models:
             for norm in config.normalisations:
                 for variant in VARIANTS:
-                    scorer = _scorer(wm_name, config, train, seed, learned) if variant != "real" else None
-                    result = train_variant(variant, config, train, evaluate, scorer, seed, norm)
+                    arm_scorer = _scorer(wm_name, config, train, seed, learned) if variant != "real" else None
+                    result = train_variant(variant, config, train, evaluate, arm_scorer, seed, norm)
                     curves.setdefault(f"{wm_name}/{norm}/{variant}", []).append(result["curve"])
                     g = grads[(wm_name, variant, norm)]
                     rows.append({

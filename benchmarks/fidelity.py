@@ -55,7 +55,7 @@ def load_records(logs: Sequence[str] | None, split: str | None, group_size: int)
         paths = sorted(logs_root().glob("*.jsonl"))
         if not paths:
             raise FileNotFoundError(f"no shipped pool logs in {logs_root()}; build them (wmrl-tasks) or pass --logs")
-    records = [r for r in read_logs(paths) if r.outcome.score is not None]
+    records = [r for r in read_logs(paths) if r.known]
     if split is not None:
         from wmrl_envs.autoresearch import catalog_split
 

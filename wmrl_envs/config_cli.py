@@ -118,7 +118,12 @@ def add_config_arguments(
             continue
         scalar, many = _field_type(cls, f)
         convert = _parse_bool if scalar is bool else scalar
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name} has no default; config fields need one")
         help_text = f"{field_doc(cls, f.name)} (default: {default!r})".replace("%", "%%")
         flag = f.name.replace("_", "-")
         group.add_argument(

@@ -10,7 +10,7 @@ re-exported from :mod:`wmrl_envs.vector`: :func:`known_info`, :func:`sub_info`.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
@@ -53,7 +53,7 @@ def find_layer(env: Any, cls: type[W] | tuple[type, ...]) -> W | None:
     current = env
     while current is not None and not isinstance(current, cls):
         current = getattr(current, "env", None)
-    return current
+    return cast("W | None", current)
 
 
 def require_layer(env: Any, cls: type[W], *, needed_by: str) -> W:

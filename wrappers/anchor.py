@@ -148,7 +148,7 @@ class _AnchorCore:
         self._auto = 0  # automatic groups opened so far
         self._graded: set[Hashable] = set()  # open groups with a member already graded by the world model
         #: Called with no argument at every :meth:`begin_step` (the calibration layer's step boundary).
-        self.step_listeners: list[Callable[[], None]] = []
+        self.step_listeners: list[Callable[[], object]] = []  # return values are ignored
 
     def begin_step(self, group_ids: Iterable[Hashable]) -> frozenset:
         """Decide a training step's groups at once, then tell the step listeners."""
@@ -212,6 +212,7 @@ class _AnchorCore:
 
     def _finish(self, slot: int) -> dict[str, Any] | None:
         member = self.members[slot]
+        assert member is not None  # only finished slots that hold a member
         self.members[slot] = None
         result = self.book.finish(member.group_id, member.calibrated, member.true)
         if result is not None:
@@ -389,7 +390,9 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper, RecordConstructorArgs):
         slots = np.flatnonzero(mask).tolist()
         group_id = options.get("group_id")
         size = options.pop("group_size", len(slots) if group_id is not None else None)
-        obs, infos = self.env.reset(seed=seed, options=options)  # first: a refused reset joins no group
+        # first: a refused reset joins no group
+        obs, infos = self.env.reset(seed=seed, options=options)  # type: ignore[arg-type]  # gymnasium types seed int | None; vector envs take lists
+
         for i in slots:
             put_info(infos, self.num_envs, i, self._core.start(i, group_id, size))
         return obs, infos
@@ -398,9 +401,9 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper, RecordConstructorArgs):
         stepped = self._steps.stepped()
         obs, rewards, terminated, truncated, infos = self.env.step(actions)
         ended, restarted = self._steps.on_step(stepped, terminated, truncated)
-        for i in np.flatnonzero(stepped):
+        for i in np.flatnonzero(stepped).tolist():
             target = self._steps.step_info_target(infos, ended, i)
             put_info(target, self.num_envs, i, self._core.step(i, sub_info(target, i, _READS), bool(ended[i])))
-        for i in np.flatnonzero(restarted):
+        for i in np.flatnonzero(restarted).tolist():
             put_info(infos, self.num_envs, i, self._core.start(i, None, None))
         return obs, rewards, terminated, truncated, infos

@@ -368,12 +368,12 @@ class VectorCalibrationWrapper(_CalibrationBase, VectorWrapper, RecordConstructo
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
         mask = self._steps.on_reset(None if options is None else options.get("reset_mask"))
-        obs, infos = self.env.reset(seed=seed, options=options)
-        for i in np.flatnonzero(mask):  # a reset may complete a group (abandoned member)
+        obs, infos = self.env.reset(seed=seed, options=options)  # type: ignore[arg-type]  # gymnasium types seed int | None; vector envs take lists
+        for i in np.flatnonzero(mask).tolist():  # a reset may complete a group (abandoned member)
             self._core.step(sub_info(infos, i, _READS))
         self._idle_boundary()
         report = self._core.info()
-        for i in np.flatnonzero(mask):
+        for i in np.flatnonzero(mask).tolist():
             put_info(infos, self.num_envs, i, report)
         return obs, infos
 
@@ -382,7 +382,7 @@ class VectorCalibrationWrapper(_CalibrationBase, VectorWrapper, RecordConstructo
         obs, rewards, terminated, truncated, infos = self.env.step(actions)
         ended, _ = self._steps.on_step(stepped, terminated, truncated)
         # First feed every sub-env's pairs and results, then report one weight to all.
-        for i in np.flatnonzero(stepped):
+        for i in np.flatnonzero(stepped).tolist():
             self._core.step(sub_info(self._steps.step_info_target(infos, ended, i), i, _READS))
         self._idle_boundary()
         report = self._core.info()

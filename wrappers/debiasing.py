@@ -132,11 +132,11 @@ class OnlineDebiaser:
     def transform(self, scores: Sequence[float | None]) -> list[float | None]:
         """Calibrated scores (identity before the first fit; ``None`` stays ``None``)."""
         out: list[float | None] = [None if s is None else float(s) for s in scores]
-        if not self.fitted:
+        if self._x is None or self._y is None:  # not fitted
             return out
         known = [i for i, s in enumerate(out) if s is not None]
         if known:
-            mapped = np.interp([out[i] for i in known], self._x, self._y)
+            mapped = np.interp([s for s in out if s is not None], self._x, self._y)
             for i, v in zip(known, np.clip(mapped, 0.0, 1.0).tolist()):
                 out[i] = v
         return out
@@ -154,7 +154,7 @@ class OnlineDebiaser:
             "n_skipped": self.n_skipped,
             "n_fits": self.n_fits,
             "since_fit": self._since_fit,
-            "map": None if self._x is None else {"x": self._x.tolist(), "y": self._y.tolist()},
+            "map": None if self._x is None or self._y is None else {"x": self._x.tolist(), "y": self._y.tolist()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

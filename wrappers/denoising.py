@@ -111,6 +111,7 @@ class InverseVarianceWeighter:
             return 1.0
         # (w_f - 1) * (ema / ema_f) rather than c * ema: at the freeze ema / ema_f is
         # exactly 1.0 in floating point, so the weight is exactly weight_at_freeze.
+        assert self.ema is not None  # the EMA exists once the scale is frozen
         raw = 1.0 + (self.weight_at_freeze - 1.0) * (self.ema / self.ema_at_freeze)
         return float(min(max(raw, 1.0), self.max_weight))
 

@@ -26,7 +26,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, SupportsFloat, cast
 
 import gymnasium as gym
 from gymnasium.utils import RecordConstructorArgs
@@ -231,7 +231,7 @@ class WorldModelWrapper(_WorldModelBase, gym.Wrapper, RecordConstructorArgs):
     def mode(self, mode: str) -> None:
         self._mode = _check_mode(mode)
 
-    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         request = self.env.get_wrapper_attr("grading_request")(action)
         mode = None if request is None else self._mode
         raw = calibrated = real = None
@@ -251,6 +251,15 @@ class WorldModelWrapper(_WorldModelBase, gym.Wrapper, RecordConstructorArgs):
             **known_info(_grading_info(mode, raw, calibrated, real, real_seconds, wm_seconds, self.counters)),
         }
         return obs, reward, terminated, truncated, info
+
+
+class _SeamVectorEnv(Protocol):
+    """What the vector wrapper needs of the env below it: ``SyncVectorEnv`` / ``AsyncVectorEnv``'s
+    ``call`` and ``set_attr`` (Gymnasium's ``VectorEnv`` base class does not declare them)."""
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]: ...
+
+    def set_attr(self, name: str, values: Any) -> None: ...
 
 
 class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper, RecordConstructorArgs):
@@ -293,7 +302,7 @@ class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper, RecordConstructorA
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
         self._steps.on_reset(None if options is None else options.get("reset_mask"))
-        return self.env.reset(seed=seed, options=options)
+        return self.env.reset(seed=seed, options=options)  # type: ignore[arg-type]  # gymnasium types seed int | None; vector envs take lists
 
     def step(self, actions: Any):
         n = self.num_envs
@@ -301,8 +310,9 @@ class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper, RecordConstructorA
         # A sub-env that autoresets in this step (next-step mode) gets no action: its
         # episode is over, so it has nothing to grade.
         pending_actions = [a if stepped[i] else None for i, a in enumerate(iterate(self.action_space, actions))]
-        self.env.set_attr("pending_action", pending_actions)
-        requests = self.env.call("pending_grading_request")  # None where no action is pending
+        seam_env = cast(_SeamVectorEnv, self.env)
+        seam_env.set_attr("pending_action", pending_actions)
+        requests = seam_env.call("pending_grading_request")  # None where no action is pending
         modes: list[str | None] = [
             m if (stepped[i] and requests[i] is not None) else None for i, m in enumerate(self.modes)
         ]
@@ -313,7 +323,7 @@ class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper, RecordConstructorA
         for i, r, c in zip(wm_idx, raw_list, cal_list):
             raw[i], calibrated[i] = r, c
         pending = [calibrated[i] if modes[i] == "wm" else GRADE_FOR_REAL for i in range(n)]
-        self.env.set_attr("pending_outcome", pending)
+        seam_env.set_attr("pending_outcome", pending)
 
         t0 = time.perf_counter()
         obs, rewards, terminated, truncated, infos = self.env.step(actions)

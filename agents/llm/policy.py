@@ -16,9 +16,11 @@ Generation backends: :class:`TransformersBackend` (default, ``model.generate``) 
 Classes: :class:`LoraSettings`, :class:`LLMPolicy`, :class:`TransformersBackend`,
 :class:`VLLMBackend`. Constant: :data:`DEFAULT_MODEL`.
 
->>> policy = LLMPolicy.tiny(seed=0)                                  # doctest: +SKIP
->>> ctx = policy.chat_ids([{"role": "user", "content": "plan?"}])     # doctest: +SKIP
->>> out = policy.generate([ctx, ctx], max_new_tokens=8)              # doctest: +SKIP
+>>> policy = LLMPolicy.tiny(seed=0)
+>>> ctx = policy.chat_ids([{"role": "user", "content": "plan?"}])
+>>> out = policy.generate([ctx, ctx], max_new_tokens=8)
+>>> len(out), all(1 <= len(ids) <= 8 for ids in out)
+(2, True)
 """
 
 from __future__ import annotations
@@ -210,7 +212,7 @@ class LLMPolicy:
                 else AutoTokenizer.from_pretrained(source)
             )
         kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device)  # type: ignore[arg-type]  # transformers' wrapped .to() is typed as unbound
         return cls(_maybe_lora(model, lora), tokenizer, source=source if not gguf_file else None, backend=backend)
 
     @classmethod

@@ -133,7 +133,7 @@ class Rollout:
     ) -> None:
         self.env = env
         self.vector = isinstance(env, VectorEnv)
-        self.num_slots = env.num_envs if self.vector else 1
+        self.num_slots = env.num_envs if isinstance(env, VectorEnv) else 1
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         if self.num_slots % group_size and self.num_slots > 1:
@@ -145,7 +145,7 @@ class Rollout:
             self.autoreset = mode
         self.policy, self.scaffold = policy, scaffold
         self.group_size = group_size
-        self.sampling = dict(
+        self.sampling: dict[str, Any] = dict(
             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, batch_size=generation_batch_size
         )
         self.idle_action = idle_action
@@ -166,8 +166,9 @@ class Rollout:
         if not self.vector:
             obs, _, terminated, truncated, info = self.env.step(actions[0])
             return [(obs, bool(terminated or truncated), info)]
+        assert isinstance(self.env, VectorEnv)
         obs, _, terminated, truncated, infos = self.env.step(np.array(actions, dtype=object))
-        out = []
+        out: list[tuple[Any, bool, dict[str, Any]]] = []
         for i in range(self.num_slots):
             ended = bool(terminated[i] or truncated[i])
             if ended and self.autoreset == AutoresetMode.SAME_STEP:

@@ -117,7 +117,8 @@ class TaskSpec:
     def from_info(cls, info: Mapping[str, Any]) -> TaskSpec:
         """Build from an AutoResearch reset ``info`` (task fields and meta-features at top level,
         or nested under ``"task"``; meta-features flat or under ``"stats"``)."""
-        source = info.get("task") if isinstance(info.get("task"), Mapping) else info
+        nested = info.get("task")
+        source: Mapping[str, Any] = nested if isinstance(nested, Mapping) else info
         required = ("task_id", "task_type", "metric", "target", "id_column", "submission_format")
         missing = [k for k in required if k not in source]
         if missing:

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from agents.grpo import LOSS_AGGREGATIONS, group_advantages, grpo_loss
+from agents.grpo import LOSS_AGGREGATIONS, LossAggregation, group_advantages, grpo_loss
 from agents.llm.policy import LLMPolicy
 from agents.llm.rollout import Episode, PhaseTimer, Rollout
 from agents.llm.scaffolds import Scaffold, TaskSpec
@@ -141,7 +141,7 @@ class GRPOConfig:
     beta: float = 0.0
     entropy_coef: float = 0.0
     scale_by_std: bool = True
-    loss_aggregation: str = "token-mean"
+    loss_aggregation: LossAggregation = "token-mean"
     total_steps: int = 10
     seed: int = 0
     output_dir: str | None = None
@@ -648,7 +648,7 @@ def train(
             saved_now = out_dir is not None and (
                 done or (config.checkpoint_every > 0 and (step + 1) % config.checkpoint_every == 0)
             )
-            if saved_now:
+            if saved_now and out_dir is not None:  # saved_now implies out_dir
                 save_checkpoint(out_dir / "checkpoint", policy, optimizer, env, step + 1, extra)
             if any(cb(step + 1, metrics) for cb in callbacks):
                 if out_dir is not None and not saved_now:

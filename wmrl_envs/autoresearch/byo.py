@@ -1,9 +1,13 @@
 """Bring your own task: turn any CSV into an AutoResearch task (Python call or CLI).
 
->>> import pandas as pd, tempfile, os                                            # doctest: +SKIP
->>> task = task_from_csv("houses.csv", target="price", metric="rmsle")          # doctest: +SKIP
->>> task.submission_columns                                                      # doctest: +SKIP
-['id', 'price']
+>>> import tempfile
+>>> tmp = tempfile.TemporaryDirectory()
+>>> csv = f"{tmp.name}/houses.csv"
+>>> pd.DataFrame({"rooms": range(40), "price": [100.0 + 5 * i for i in range(40)]}).to_csv(csv, index=False)
+>>> task = task_from_csv(csv, target="price", metric="rmsle", root=tmp.name)
+>>> task.task_type, task.submission_columns
+('regression', ['id', 'price'])
+>>> tmp.cleanup()
 
 The CSV is split (stratified for classification) into train and held-out rows; the
 held-out targets go to ``private/answers.csv``. Task type and metric are inferred when

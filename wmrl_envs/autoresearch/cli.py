@@ -78,7 +78,7 @@ def full_tier_table() -> str:
             f"{s['n_train']} + {s['n_test']}",
             f"{s['n_cols']} ({s['n_categorical']} categorical, max cardinality {s['max_cardinality']}; {s['onehot_width']})",
             t.metric,
-            t.split,
+            t.split or "",  # catalog tasks always have a split
             f"{lim['wall_seconds']:g} s, {lim['memory_bytes'] / 2**30:g} GiB",
             str(len(entries)),
             timing,
@@ -112,7 +112,7 @@ def catalog_table() -> str:
             f"{s['n_train']} + {s['n_test']}",
             f"{s['n_cols']} ({s['n_categorical']} categorical, max cardinality {s['max_cardinality']}, {s['missing_fraction']:.1%} missing)",
             t.metric,
-            t.split,
+            t.split or "",  # catalog tasks always have a split
             t.licence,
             str(len(entries)),
             median,

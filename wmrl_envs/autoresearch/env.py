@@ -292,6 +292,7 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
 
     def apply(self, action: Any, outcome: Outcome | None) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self._require_episode()
+        assert self.task is not None  # _require_episode raised otherwise
         parsed = parse_action(action)
         graded = False
         if parsed.kind == "malformed":
@@ -391,6 +392,7 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
 
     def _reset_info(self) -> dict[str, Any]:
         t = self.task
+        assert t is not None  # called after reset() chose a task
         return known_info(
             {
                 "task_id": t.task_id,
@@ -411,6 +413,7 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
 
     def _info(self, topic: str) -> str:
         t = self.task
+        assert t is not None  # only reached from apply(), inside an episode
         topic = topic.strip().lower()
         if topic == "overview":
             return t.overview(self.config.overview_chars)

@@ -145,6 +145,7 @@ def validate_submission(task: Task, sub: pd.DataFrame, test_ids: Sequence[Any]) 
         if pred[col].isna().any():
             raise SubmissionError(f"column {col!r} has {int(pred[col].isna().sum())} missing (NaN) values")
         labels = _keys(pred[col])
+        assert task.classes is not None  # label metrics are classification metrics
         unknown = sorted(set(labels) - set(task.classes), key=str)
         if unknown:
             raise SubmissionError(

@@ -659,15 +659,15 @@ def build_leaderboards(
 
     config = config or LeaderboardConfig()
     executor = executor or default_executor()
-    tasks = [get_task(t) for t in tasks]
-    run_limits = {t.task_id: _run_limits(t, config) for t in tasks}
+    resolved = [get_task(t) for t in tasks]
+    run_limits = {t.task_id: _run_limits(t, config) for t in resolved}
     ref_limits = {
         tid: Limits(wall_seconds=lim["wall_seconds"], cpu_seconds=lim["wall_seconds"], memory_bytes=lim["memory_bytes"])
         for tid, lim in run_limits.items()
     }
     probe_limits = Limits(wall_seconds=config.timeout_probe_seconds, cpu_seconds=config.timeout_probe_seconds)
     plan: list[tuple[Task, PoolSolution]] = []
-    for task in tasks:
+    for task in resolved:
         for sol in reference_pool(task, size=config.size, broken=config.broken):
             plan.append((task, sol))
     # Syntax errors never reach the sandbox (same rule as the env).
@@ -686,7 +686,7 @@ def build_leaderboards(
     elapsed = time.perf_counter() - start
 
     summary: dict[str, dict[str, Any]] = {}
-    for task in tqdm(tasks, desc="leaderboards", unit="task"):
+    for task in tqdm(resolved, desc="leaderboards", unit="task"):
         sols = [s for t, s in plan if t is task]
         answers = task.read_answers()
         # First pass: raw scores (no leaderboard yet) to build the board itself.
@@ -696,11 +696,11 @@ def build_leaderboards(
         entries = [
             {
                 "solution_id": s.solution_id,
-                "score": first[s.solution_id].metrics["value"],
+                "score": o.metrics["value"],
                 "wall_seconds": results[(task.task_id, s.solution_id)].wall_seconds,
             }
             for s in sols
-            if s.reference and first[s.solution_id] is not None and first[s.solution_id].status == "valid"
+            if s.reference and (o := first[s.solution_id]) is not None and o.status == "valid"
         ]
         board = [e["score"] for e in entries]
         (task.private_dir / "leaderboard.json").write_text(
@@ -727,8 +727,8 @@ def build_leaderboards(
         }
         statuses: dict[str, int] = {}
         for o in final.values():
-            key = "unknown" if o is None else o.status
-            statuses[key] = statuses.get(key, 0) + 1
+            status = "unknown" if o is None else o.status
+            statuses[status] = statuses.get(status, 0) + 1
         times = [e["wall_seconds"] for e in entries]
         exec_statuses: dict[str, int] = {}
         for s in sols:

@@ -15,6 +15,7 @@ Functions: :func:`register_envs`, :func:`catalog_ids`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 
@@ -31,7 +32,7 @@ def catalog_ids() -> list[str]:
 
 def register_envs() -> None:
     """Register every AutoResearch id (idempotent)."""
-    ids = {"wmrl/AutoResearch-v0": {}}
+    ids: dict[str, dict[str, Any]] = {"wmrl/AutoResearch-v0": {}}
     ids.update({f"wmrl/AutoResearch-{t}-v0": {"task": t} for t in catalog_ids()})
     for env_id, kwargs in ids.items():
         if env_id not in gym.registry:

@@ -135,12 +135,13 @@ class Task:
     def submission_columns(self) -> list[str]:
         """Columns ``submission.csv`` must have, in order."""
         if self.submission_format == "proba_classes":
+            assert self.classes is not None  # a classification format
             return [self.id_column, *self.classes]
         return [self.id_column, self.target]
 
     @property
     def positive_class(self) -> str | None:
-        return self.classes[1] if self.task_type == "binary" else None
+        return self.classes[1] if self.task_type == "binary" and self.classes is not None else None
 
     def run_limits(self) -> dict[str, Any]:
         """Limits of one solution run: ``{"wall_seconds": float, "memory_bytes": int}``.
@@ -293,12 +294,13 @@ def _stats(
 def _description(task: Task) -> str:
     metric = get_metric(task.metric)
     direction = "higher is better" if metric.higher_is_better else "lower is better"
+    classes = task.classes or ()  # () only for regression formats, which do not list classes
     if task.submission_format == "proba_classes":
-        sub = f"one row per test id with columns `{task.id_column}` and one probability column per class ({', '.join(f'`{c}`' for c in task.classes)}); rows should sum to 1"
+        sub = f"one row per test id with columns `{task.id_column}` and one probability column per class ({', '.join(f'`{c}`' for c in classes)}); rows should sum to 1"
     elif task.submission_format == "proba_positive":
         sub = f"columns `{task.id_column}`, `{task.target}`: the probability that `{task.target}` is `{task.positive_class}`"
     elif task.submission_format == "label":
-        sub = f"columns `{task.id_column}`, `{task.target}`: the predicted class, one of {', '.join(f'`{c}`' for c in task.classes)}"
+        sub = f"columns `{task.id_column}`, `{task.target}`: the predicted class, one of {', '.join(f'`{c}`' for c in classes)}"
     else:
         sub = f"columns `{task.id_column}`, `{task.target}`: the predicted value"
     dropped = "".join(f"\n- `{c}` removed: {why}" for c, why in task.dropped_columns.items())
@@ -444,4 +446,5 @@ def _sample_submission(task: Task, train: pd.DataFrame, test: pd.DataFrame) -> p
     prior = y.value_counts(normalize=True)
     if task.submission_format == "proba_positive":
         return pd.DataFrame({task.id_column: ids, task.target: round(float(prior.get(task.positive_class, 0.0)), 6)})
+    assert task.classes is not None  # proba_classes
     return pd.DataFrame({task.id_column: ids, **{c: round(float(prior.get(c, 0.0)), 6) for c in task.classes}})

@@ -147,10 +147,12 @@ class LiberoLongEnv(OutcomeSeam, gym.Env):
     (``None`` when the outcome is unknown), ``outcomes``, ``success`` (the outcome's status
     is ``"success"``; from the world model when it graded).
 
-    >>> import gymnasium as gym, wmrl_envs  # doctest: +SKIP
-    >>> env = gym.make("wmrl/LIBERO-Long-v0", task_id=8, cameras=False)  # doctest: +SKIP
-    >>> obs, info = env.reset(seed=0, options={"init_state": 3})  # doctest: +SKIP
-    >>> obs, reward, terminated, truncated, info = env.step(env.action_space.sample())  # doctest: +SKIP
+    Usage (needs the ``libero`` extra: a MuJoCo simulation, so not run as a doctest)::
+
+        import gymnasium as gym, wmrl_envs
+        env = gym.make("wmrl/LIBERO-Long-v0", task_id=8, cameras=False)
+        obs, info = env.reset(seed=0, options={"init_state": 3})
+        obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
@@ -394,6 +396,7 @@ class LiberoLongEnv(OutcomeSeam, gym.Env):
             )
             self._needs_reset = True
             self._turn += 1
+            assert self._obs is not None  # set by reset()
             return self._obs, float(score or 0.0), terminated, not terminated, info
         a = self._validate_action(action)
         raw, _, _, _ = self.sim_env.step(a)

@@ -206,7 +206,11 @@ def achieve_goal(
     Not every task is solvable this way (objects that must be re-oriented, e.g. a book
     stood up in a caddy); check :func:`privileged_progress` afterwards.
 
-    >>> for _ in achieve_goal(env.unwrapped.sim_env): pass  # doctest: +SKIP
+    Usage, on a :class:`~wmrl_envs.libero.env.LiberoLongEnv` (a MuJoCo simulation, so not
+    run as a doctest)::
+
+        for _ in achieve_goal(env.unwrapped.sim_env):
+            pass
     """
     domain = _domain(control_env)
     sim = domain.sim

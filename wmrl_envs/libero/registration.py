@@ -12,6 +12,8 @@ Functions: :func:`register_envs`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from gymnasium.envs.registration import register, registry
 
 from wmrl_envs.libero.tasks import LIBERO_10_TASKS
@@ -24,7 +26,9 @@ GENERIC_ID = "wmrl/LIBERO-Long-v0"
 
 def register_envs() -> None:
     """Register the generic id and one id per task (idempotent)."""
-    ids = [(GENERIC_ID, {})] + [(task.gym_id, {"task_id": task.index}) for task in LIBERO_10_TASKS]
+    ids: list[tuple[str, dict[str, Any]]] = [(GENERIC_ID, {})] + [
+        (task.gym_id, {"task_id": task.index}) for task in LIBERO_10_TASKS
+    ]
     for env_id, kwargs in ids:
         if env_id not in registry:
             register(id=env_id, entry_point=ENTRY_POINT, kwargs=kwargs)

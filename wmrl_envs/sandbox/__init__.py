@@ -4,9 +4,9 @@ A script runs as ``python3 main.py`` in a fresh work directory (its cwd, ``/sand
 inside the sandbox) that holds read-only copies of the declared ``inputs``; the declared
 ``outputs`` are read back if the script wrote them; everything else is thrown away.
 
->>> from wmrl_envs.sandbox import default_executor, Limits                     # doctest: +SKIP
->>> r = default_executor().run("print(6 * 7)", limits=Limits(wall_seconds=10))  # doctest: +SKIP
->>> r.status, r.stdout_tail                                                    # doctest: +SKIP
+>>> from wmrl_envs.sandbox import default_executor, Limits
+>>> r = default_executor("local").run("print(6 * 7)", limits=Limits(wall_seconds=10))
+>>> r.status, r.stdout_tail
 ('ok', '42\\n')
 
 Backends: :class:`LocalExecutor` (bubblewrap + rlimits + non-root uid; the default) and

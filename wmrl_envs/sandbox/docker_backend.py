@@ -93,9 +93,10 @@ class DockerExecutor:
     Raises :class:`~wmrl_envs.sandbox.base.SandboxUnavailable` when no engine is reachable
     or the image is missing (the message gives the command that builds it).
 
-    >>> ex = DockerExecutor()                                            # doctest: +SKIP
-    >>> ex.run("import sklearn; print(sklearn.__version__)").stdout_tail  # doctest: +SKIP
-    '1.2.1\\n'
+    Usage (needs a Docker engine and the sandbox image, so not run as a doctest)::
+
+        ex = DockerExecutor()
+        ex.run("import sklearn; print(sklearn.__version__)").stdout_tail  # '1.2.1\\n'
     """
 
     backend = "docker"
@@ -261,8 +262,9 @@ class DockerExecutor:
                     if flooded.is_set()
                     else ("timeout", f"wall time limit of {limits.wall_seconds:g} s exceeded")
                 )
-                return killed, now - start, *(cg.usage() if pids is not None else (None, None))
+                return killed, now - start, *(cg.usage() if cg is not None and pids is not None else (None, None))
             if pids is not None:
+                assert cg is not None  # pids are read from the cgroup
                 if pids <= 1 and seen_script:
                     return None, now - start, *cg.usage()
                 seen_script = seen_script or pids > 1

@@ -61,11 +61,8 @@ def host_suite() -> str:
     except OSError:
         return _FALLBACK_SUITE
     fields = dict(re.findall(r'^(\w+)="?([^"\n]*)"?$', text, re.M))
-    return (
-        fields.get("VERSION_CODENAME")
-        if fields.get("ID") == "debian" and fields.get("VERSION_CODENAME")
-        else _FALLBACK_SUITE
-    )
+    codename = fields.get("VERSION_CODENAME")
+    return codename if fields.get("ID") == "debian" and codename else _FALLBACK_SUITE
 
 
 def image_tag(suite: str | None = None) -> str:
@@ -190,6 +187,7 @@ def _debootstrap(suite: str, root: Path, mirror: str, packages: Sequence[str], b
     cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite, str(root), mirror]
     tail: list[str] = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None  # stdout=PIPE
         for line in proc.stdout:
             tail = (tail + [line.rstrip()])[-20:]
             bar.set_postfix_str(line.strip()[:60], refresh=True)

@@ -184,11 +184,11 @@ class LocalExecutor:
     Thread-safe: share one instance across threads (see
     :class:`~wmrl_envs.sandbox.pool.ExecutorPool`).
 
-    >>> ex = LocalExecutor()                                               # doctest: +SKIP
-    >>> r = ex.run("open('submission.csv', 'w').write('id,y\\n1,0\\n')",  # doctest: +SKIP
+    >>> ex = LocalExecutor()
+    >>> r = ex.run("with open('submission.csv', 'w') as f: print('id,y', file=f)",
     ...            outputs=["submission.csv"], limits=Limits(wall_seconds=10))
-    >>> r.status, r.files["submission.csv"]                                # doctest: +SKIP
-    ('ok', b'id,y\\n1,0\\n')
+    >>> r.status, r.files["submission.csv"]
+    ('ok', b'id,y\\n')
     """
 
     def __init__(self, config: LocalConfig | None = None, **overrides):
@@ -245,7 +245,7 @@ class LocalExecutor:
         except (OSError, subprocess.TimeoutExpired) as e:
             return None, f"bubblewrap failed to start a sandbox: {e}"
         finally:
-            if uid is not None:
+            if uid is not None and self._uids is not None:  # a uid comes only from the pool
                 self._uids.release(uid)
         if proc.returncode != 0:
             err = proc.stderr.decode(errors="replace").strip()
@@ -298,6 +298,7 @@ class LocalExecutor:
     def _command(self, work: str, limits: Limits) -> list[str]:
         if not self.sandboxed:
             return [self.config.python, "main.py"]
+        assert self._bwrap is not None  # sandboxed means bubblewrap was found
         size = str(limits.max_file_bytes)
         # Writable: the work dir, and size-capped tmpfs at /tmp and /dev/shm. bwrap builds the
         # rest of the tree on a tmpfs of its own, which is remounted read-only last.
@@ -349,7 +350,7 @@ class LocalExecutor:
             finally:
                 work.cleanup()
         finally:
-            if uid is not None:
+            if uid is not None and self._uids is not None:  # a uid comes only from the pool
                 self._uids.release(uid)
         return ExecutionResult(**{**result, "files": files})
 
@@ -420,6 +421,7 @@ class LocalExecutor:
         proc: subprocess.Popen, limits: Limits, start: float
     ) -> tuple[tuple[str, str] | None, OutputTail, OutputTail]:
         """Collect output until the launcher exits; kill on the wall deadline or the output cap."""
+        assert proc.stdout is not None and proc.stderr is not None  # started with stdout/stderr=PIPE
         out, err = OutputTail(limits.tail_bytes), OutputTail(limits.tail_bytes)
         killed: tuple[str, str] | None = None
         pidfd = os.pidfd_open(proc.pid)

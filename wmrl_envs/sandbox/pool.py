@@ -26,10 +26,10 @@ class ExecutorPool:
         max_concurrent: most runs in flight at once (>= 1).
         progress: show a tqdm bar in :meth:`map`.
 
-    >>> from wmrl_envs.sandbox import LocalExecutor, Limits                     # doctest: +SKIP
-    >>> with ExecutorPool(LocalExecutor(), max_concurrent=2) as pool:           # doctest: +SKIP
+    >>> from wmrl_envs.sandbox import LocalExecutor
+    >>> with ExecutorPool(LocalExecutor(), max_concurrent=2) as pool:
     ...     results = pool.map([Job("print(1)"), Job("raise SystemExit(3)")])
-    >>> [r.status for r in results]                                             # doctest: +SKIP
+    >>> [r.status for r in results]
     ['ok', 'error']
     """
 

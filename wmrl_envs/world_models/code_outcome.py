@@ -33,7 +33,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import joblib
 import numpy as np
@@ -193,8 +193,9 @@ class CodeOutcomeModel:
     def _arrays(self, usable: Sequence[LogRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(features, status labels, valid percentiles (NaN otherwise), sample weights)."""
         X = self.featurizer.transform([r.context for r in usable], [r.code for r in usable])
-        status = np.array([r.outcome.status for r in usable])
-        pct = np.array([np.nan if (p := percentile_of(r.outcome)) is None else p for r in usable], dtype=np.float64)
+        outcomes = [_logged_outcome(r) for r in usable]
+        status = np.array([o.status for o in outcomes])
+        pct = np.array([np.nan if (p := percentile_of(o)) is None else p for o in outcomes], dtype=np.float64)
         weight = np.array([self.config.anchor_weight if r.origin == "anchor" else 1.0 for r in usable])
         return X, status, pct, weight
 
@@ -284,14 +285,15 @@ class CodeOutcomeModel:
 
     def _outcome(self, proba: np.ndarray, pct: float, summary: ScriptSummary) -> Outcome | None:
         p = {s: float(q) for s, q in zip(self.classes_, proba)}
-        status = max(p, key=p.get)
+        status = max(p, key=p.__getitem__)
         pct_known = not math.isnan(pct)
         if self.config.score_mode == "argmax":
             score = ladder_score(status, pct if pct_known else None)
         elif "valid" in p and not pct_known:
             score = None
         else:
-            score = sum(q * (ladder_score(s, pct) if s == "valid" else LADDER[s]) for s, q in p.items())
+            # a valid status here has a known percentile, so its ladder score is a number
+            score = sum(q * (cast(float, ladder_score(s, pct)) if s == "valid" else LADDER[s]) for s, q in p.items())
         if score is None:
             return None
         metrics: dict[str, Any] = {"p_status": p}
@@ -368,6 +370,12 @@ class CodeOutcomeModel:
 
 def _usable(records: Sequence[LogRecord]) -> list[LogRecord]:
     return [r for r in records if r.known and compile_gate(r.code) is None]
+
+
+def _logged_outcome(r: LogRecord) -> Outcome:
+    """The true outcome of a usable (known) record."""
+    assert r.outcome is not None
+    return r.outcome
 
 
 def _with_cost(o: Outcome, cost: float) -> Outcome:

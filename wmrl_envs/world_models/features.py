@@ -213,7 +213,7 @@ def summarize_script(code: str, task_type: str | None = None) -> ScriptSummary:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return ScriptSummary(compiles=False, counts={"n_lines": float(code.count("\n") + 1)})
     s = ScriptSummary(compiles=True)
-    c: Counter = Counter()
+    c: dict[str, Any] = Counter()  # counts, flags and maxima (int or float); Counter for the 0 default
     c["n_lines"] = code.count("\n") + 1
     tokens: list[str] = []
     hp: dict[str, float] = {}
@@ -299,12 +299,12 @@ def summarize_script(code: str, task_type: str | None = None) -> ScriptSummary:
                 if top not in sys.stdlib_module_names and top not in _SANDBOX_PACKAGES:
                     s.bad_imports.append(top)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            v = node.value
-            if "submission" in v and v.endswith(".csv") and "sample" not in v:
+            text = node.value
+            if "submission" in text and text.endswith(".csv") and "sample" not in text:
                 c["writes_submission"] = 1
-            c["reads_train"] |= v.endswith("train.csv")
-            c["reads_test"] |= v.endswith("test.csv")
-            c["reads_sample_submission"] |= v.endswith("sample_submission.csv")
+            c["reads_train"] |= text.endswith("train.csv")
+            c["reads_test"] |= text.endswith("test.csv")
+            c["reads_sample_submission"] |= text.endswith("sample_submission.csv")
         elif (
             isinstance(node, ast.Subscript)
             and isinstance(node.slice, ast.Constant)
@@ -463,8 +463,8 @@ class ScriptFeaturizer:
             size, size_tokens = size_features(flat, s) if self.size_features else ([], [])
             row += size
             for k in self.meta_keys:
-                v = flat.get(k)
-                row.append(float(v) if isinstance(v, (int, float)) else math.nan)
+                meta = flat.get(k)
+                row.append(float(meta) if isinstance(meta, (int, float)) else math.nan)
             rows.append(row)
             ctx_tokens = [
                 f"ctx:{_leaf(k)}={v}"

@@ -136,7 +136,7 @@ def _within_spearman(w: np.ndarray, t: np.ndarray, groups: Sequence[Hashable]) -
 
 
 def centred_bias(
-    wm: Sequence[float], truth: Sequence[float], groups: Sequence[Hashable], n_bins: int = 10
+    wm: Sequence[float] | np.ndarray, truth: Sequence[float] | np.ndarray, groups: Sequence[Hashable], n_bins: int = 10
 ) -> tuple[float | None, float | None]:
     """(bias, residual variance) of the within-group centred residual (module docstring).
 
@@ -208,9 +208,9 @@ def fidelity_from_scores(
             hits = [a == b for a, b, c, k in zip(wm_status, true_status, covered, kinds) if c and k == kind]
             kind_accuracy[kind] = float(np.mean(hits)) if hits else None
     idx = np.flatnonzero(covered)
-    w = np.array([wm_scores[i] for i in idx], dtype=float)
-    t = np.array([true_scores[i] for i in idx], dtype=float)
-    g = [groups[i] for i in idx]
+    w = np.array([wm_scores[int(i)] for i in idx], dtype=np.float64)
+    t = np.array([true_scores[int(i)] for i in idx], dtype=np.float64)
+    g = [groups[int(i)] for i in idx]
     rng = np.random.default_rng(seed)
     perm = rng.permutation(len(idx))
     n_cal = int(round(calibration_fraction * len(idx)))
@@ -222,7 +222,7 @@ def fidelity_from_scores(
         w_cal_ev = iso.predict(w_ev)
     valid_ev = None
     if true_status is not None:
-        st = [true_status[i] for i in idx]
+        st = [true_status[int(i)] for i in idx]
         valid_ev = np.array([st[i] == "valid" for i in ev], dtype=bool)
     bias_b, var_b = centred_bias(w_ev, t_ev, g_ev, n_bins) if len(ev) else (None, None)
     bias_a, var_a = centred_bias(w_cal_ev, t_ev, g_ev, n_bins) if w_cal_ev is not None else (None, None)
@@ -271,6 +271,17 @@ def failure_kind(outcome: Any) -> str | None:
     return None
 
 
+def _true_score(r: LogRecord) -> float:
+    """The logged score of a record known to have one (``r.known``)."""
+    assert r.outcome is not None and r.outcome.score is not None
+    return r.outcome.score
+
+
+def _true_status(r: LogRecord) -> str:
+    assert r.outcome is not None
+    return r.outcome.status
+
+
 def evaluate_fidelity(
     model: WorldModel,
     records: Sequence[LogRecord],
@@ -296,10 +307,10 @@ def evaluate_fidelity(
         preds += model.predict([r.context for r in chunk], [r.code for r in chunk])
     return fidelity_from_scores(
         [None if p is None else p.score for p in preds],
-        [r.outcome.score for r in records],
+        [_true_score(r) for r in records],
         [r.task_id for r in records],
         [None if p is None else p.status for p in preds],
-        [r.outcome.status for r in records],
+        [_true_status(r) for r in records],
         [failure_kind(r.outcome) for r in records],
         calibration_fraction=calibration_fraction,
         seed=seed,

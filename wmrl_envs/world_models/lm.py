@@ -183,7 +183,7 @@ def parse_prediction(text: str) -> Outcome | None:
     metrics: dict[str, Any] = {}
     if status == "valid":
         bucket = _norm(obj.get("quality"))
-        if bucket not in QUALITY_BUCKETS:
+        if bucket is None or bucket not in QUALITY_BUCKETS:
             return None
         metrics = {"quality": bucket, "percentile": QUALITY_BUCKETS[bucket]}
         score = ladder_score(status, QUALITY_BUCKETS[bucket])
@@ -237,7 +237,7 @@ class LMWorldModel:
     def __init__(self, config: LMWorldModelConfig | None = None, *, model: Any = None, tokenizer: Any = None) -> None:
         self.config = config or LMWorldModelConfig()
         self.last_texts: list[str] = []  # answers (prefix + generation) of the last predict call
-        self._vllm = None
+        self._vllm: Any = None  # vllm.LLM (optional dependency, imported on use)
         backend = self.config.backend
         if backend == "auto":
             backend = "vllm" if model is None and importlib.util.find_spec("vllm") is not None else "transformers"
@@ -249,8 +249,7 @@ class LMWorldModel:
                 "backend='vllm' loads its own model from config.model; a transformers model cannot be passed"
             )
         if backend == "vllm":
-            self._load_vllm()
-            self.model, self.tokenizer = None, self._vllm.get_tokenizer()
+            self.model, self.tokenizer = None, self._load_vllm().get_tokenizer()
         elif model is not None:
             self.model, self.tokenizer = model, tokenizer
         else:
@@ -273,10 +272,12 @@ class LMWorldModel:
             return smollm2.load_model(torch.float32).to(self.config.device).eval(), smollm2.load_tokenizer()
         path, kwargs = self._source()
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs).to(self.config.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs)
+        model = model.to(self.config.device).eval()  # type: ignore[arg-type]  # transformers' wrapped .to() is typed as unbound
         return model, tokenizer
 
-    def _load_vllm(self) -> None:
+    def _load_vllm(self) -> Any:
+        """Load the vLLM engine into ``self._vllm`` and return it."""
         if importlib.util.find_spec("vllm") is None:
             raise ImportError("backend='vllm' needs the vllm package (pip install vllm); use backend='transformers'")
         from vllm import LLM
@@ -285,6 +286,7 @@ class LMWorldModel:
         # vLLM reads a GGUF model from the file path itself.
         model = str(Path(path) / kwargs["gguf_file"]) if "gguf_file" in kwargs else path
         self._vllm = LLM(model=model, seed=self.config.seed)
+        return self._vllm
 
     def render(self, context: Mapping[str, Any], code: str) -> str:
         """The prompt text for one (context, script) pair (ending in the answer prefix)."""
@@ -317,6 +319,7 @@ class LMWorldModel:
     def _generate_transformers(self, prompts: Sequence[str]) -> list[str]:
         import torch
 
+        assert self.model is not None  # the transformers backend holds a model
         texts: list[str] = []
         torch.manual_seed(self.config.seed)
         self.tokenizer.truncation_side = "left"

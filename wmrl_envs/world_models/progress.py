@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -67,7 +67,7 @@ class ProgressWorldModel(Protocol):
 
     def predict_progress(
         self, episodes: Sequence[np.ndarray], instructions: Sequence[str]
-    ) -> list[ProgressPrediction]: ...
+    ) -> list[ProgressPrediction | None]: ...
 
 
 def dense_score(prediction: ProgressPrediction, mode: str = "potential", k: int = 3) -> tuple[float, float]:
@@ -109,9 +109,18 @@ class ProgressOutcomeModel:
         k: window of the potential mode. Default 3.
         success_threshold: success-probability threshold for ``status``. Default 0.5.
 
-    >>> wm = ProgressOutcomeModel(StateProgressModel.load_default(), mode="potential")  # doctest: +SKIP
-    >>> wm.predict([request.context], [request.action])  # doctest: +SKIP
-    [Outcome(status='failure', score=0.04, ..., source='wm')]
+    A toy progress model that reads progress off the first state coordinate:
+
+    >>> from types import SimpleNamespace
+    >>> class FirstCoordinate:
+    ...     input_kind = "states"
+    ...     def predict_progress(self, episodes, instructions):
+    ...         return [ProgressPrediction(np.clip(e[:, 0], 0, 1), float(e[-1, 0] > 0.9)) for e in episodes]
+    >>> wm = ProgressOutcomeModel(FirstCoordinate(), mode="potential")
+    >>> states = np.linspace(0.0, 1.0, 10)[:, None] * np.ones((1, 3))  # (T, D) = (10, 3)
+    >>> episode = SimpleNamespace(instruction="open the drawer", states=states)
+    >>> [(o.status, round(o.score, 3), o.source) for o in wm.predict([{}], [episode])]
+    [('success', 0.778, 'wm')]
     """
 
     def __init__(
@@ -151,7 +160,7 @@ class ProgressOutcomeModel:
                 raise ValueError(
                     f"episode {i} has no instruction (neither action.instruction nor context['instruction'])"
                 )
-        predictions = self.model.predict_progress(episodes, instructions)
+        predictions = self.model.predict_progress(episodes, cast(list[str], instructions))  # all str: checked above
         cost = (time.perf_counter() - start) / len(actions)
         outcomes: list[Outcome | None] = []
         for pred in predictions:

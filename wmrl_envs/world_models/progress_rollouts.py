@@ -62,9 +62,10 @@ def log_episodes(
 ) -> list[ProgressEpisode]:
     """Roll out ``kinds`` of episodes from ``init_state`` on a state-only :class:`LiberoLongEnv`.
 
-    >>> env = LiberoLongEnv(task_id=7, cameras=False)  # doctest: +SKIP
-    >>> [ep.success for ep in log_episodes(env, 0, ["goal"])]  # doctest: +SKIP
-    [True]
+    Usage (a MuJoCo simulation, so not run as a doctest)::
+
+        env = LiberoLongEnv(task_id=7, cameras=False)
+        [ep.success for ep in log_episodes(env, 0, ["goal"])]  # [True]
     """
     from wmrl_envs.libero.goals import achieve_goal, goal_predicates, privileged_progress
 

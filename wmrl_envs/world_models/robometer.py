@@ -63,7 +63,9 @@ class RobometerWorldModel:
         device: torch device string passed to ``predictor``. Default ``"cpu"``.
         max_frames: frames sent per episode (uniformly sub-sampled, last frame kept). Default 16.
 
-    >>> wm = ProgressOutcomeModel(RobometerWorldModel("~/ckpt/Robometer-4B", predictor=load_robometer))  # doctest: +SKIP
+    Usage (needs a local Robometer checkpoint, so not run as a doctest)::
+
+        wm = ProgressOutcomeModel(RobometerWorldModel("~/ckpt/Robometer-4B", predictor=load_robometer))
     """
 
     input_kind = "frames"
