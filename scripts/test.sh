@@ -1,10 +1,25 @@
 #!/usr/bin/env bash
 # Set everything up and run the test suite (README command 2; .ci/run calls exactly this).
+# Before the suite: ruff (lint + format check), mypy, and the doctests of the packages; the
+# suite runs even when one of them fails, and the script then fails.
 # Starts dockerd for the Docker sandbox tests if no engine is running, and stops it after.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || { echo "setup failed" >&2; exit 1; }
-PY="${WMRL_VENV:-.venv}/bin/python"
+BIN="${WMRL_VENV:-.venv}/bin"
+PY="$BIN/python"
+
+checks_failed=""
+check() {
+  echo "== $*" >&2
+  "$@" || checks_failed="$checks_failed
+  $*"
+}
+check "$BIN/ruff" check .
+check "$BIN/ruff" format --check .
+check "$BIN/mypy"
+# Every >>> example in the packages (conftest.py says which modules are not collected).
+check "$PY" -m pytest -q -p no:cacheprovider --doctest-modules wmrl_envs wrappers agents benchmarks
 
 dockerd_pid=""
 stop_dockerd() { [ -n "$dockerd_pid" ] && kill "$dockerd_pid" 2>/dev/null && wait "$dockerd_pid" 2>/dev/null; true; }
@@ -23,4 +38,8 @@ fi
 "$PY" -m pytest -q -ra "$@"
 rc=$?
 if [ "$rc" = 5 ]; then echo "pytest collected no tests: treating as failure" >&2; rc=1; fi
+if [ -n "$checks_failed" ]; then
+  echo "failed checks:$checks_failed" >&2
+  [ "$rc" = 0 ] && rc=1
+fi
 exit "$rc"
