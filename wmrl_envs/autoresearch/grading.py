@@ -25,7 +25,6 @@ Classes: :class:`SubmissionError`. Functions: :func:`read_submission`,
 from __future__ import annotations
 
 import dataclasses
-import io
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +32,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from wmrl_envs.autoresearch.bounded import (
+    SubmissionLimitError,
+    SubmissionLimits,
+    cap_text,
+    check_submission_shape,
+    parse_bounded,
+)
 from wmrl_envs.autoresearch.metrics import get_metric
 from wmrl_envs.autoresearch.tasks import Task
 from wmrl_envs.outcome import Outcome
@@ -52,6 +58,8 @@ __all__ = [
     "grading_context",
     "harness_failed",
     "SUBMISSION_FILE",
+    "SubmissionLimits",
+    "FEEDBACK_MAX_CHARS",
 ]
 
 log = logging.getLogger(__name__)
@@ -60,6 +68,9 @@ SUBMISSION_FILE = "submission.csv"
 #: Fixed scores of the non-valid statuses.
 LADDER = {"malformed": 0.0, "syntax_error": 0.0, "runtime_error": 0.1, "timeout": 0.1, "no_submission": 0.2}
 _FEEDBACK_TAIL = 1500
+#: Longest feedback text of one outcome (the solution controls its stdout/stderr and the
+#: submission that error messages quote).
+FEEDBACK_MAX_CHARS = 4000
 _EXAMPLES = 5
 
 
@@ -82,15 +93,39 @@ def _examples(items: Sequence[Any]) -> str:
     return f"{items[:_EXAMPLES]}{more}"
 
 
-def read_submission(raw: bytes | str) -> pd.DataFrame:
-    """Parse submission CSV bytes; :class:`SubmissionError` if it is not a readable CSV."""
-    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
-    if not text.strip():
-        raise SubmissionError(f"{SUBMISSION_FILE} is empty")
+def read_submission(
+    raw: bytes | str,
+    *,
+    expected_columns: Sequence[str] | None = None,
+    expected_rows: int | None = None,
+    limits: SubmissionLimits | None = None,
+) -> pd.DataFrame:
+    """Parse submission CSV bytes; :class:`SubmissionError` if it is not a readable CSV.
+
+    Size, line count, line length and header width are checked on the raw bytes first
+    (see :mod:`wmrl_envs.autoresearch.bounded`), so the host's cost is bounded by the task
+    (``expected_rows`` x ``expected_columns``) and not by what the solution wrote.
+    """
+    lim = limits or SubmissionLimits()
+    data = raw.encode("utf-8", errors="replace") if isinstance(raw, str) else bytes(raw)
     try:
-        return pd.read_csv(io.StringIO(text), low_memory=False)
+        check_submission_shape(
+            data,
+            name=SUBMISSION_FILE,
+            expected_columns=expected_columns,
+            expected_rows=expected_rows,
+            limits=lim,
+        )
+    except SubmissionLimitError as err:
+        raise SubmissionError(cap_text(str(err), lim.max_message_chars)) from None
+    if not data.strip():
+        raise SubmissionError(f"{SUBMISSION_FILE} is empty")
+    max_rows = None if expected_rows is None else expected_rows + lim.slack_lines
+    try:
+        return parse_bounded(data, max_rows=max_rows)
     except Exception as err:  # pandas raises several parser error types
-        raise SubmissionError(f"{SUBMISSION_FILE} could not be parsed as CSV: {err}") from None
+        msg = f"{SUBMISSION_FILE} could not be parsed as CSV: {err}"
+        raise SubmissionError(cap_text(msg, lim.max_message_chars)) from None
 
 
 def validate_submission(task: Task, sub: pd.DataFrame, test_ids: Sequence[Any]) -> np.ndarray:
@@ -257,14 +292,36 @@ def harness_failed(result: Any) -> bool:
 
 
 def outcome_from_execution(
-    task: Task, result: Any, leaderboard: Sequence[float] | None, *, answers: pd.DataFrame | None = None
+    task: Task,
+    result: Any,
+    leaderboard: Sequence[float] | None,
+    *,
+    answers: pd.DataFrame | None = None,
+    submission_limits: SubmissionLimits | None = None,
 ) -> Outcome:
     """Turn a sandbox ``ExecutionResult`` into an :class:`Outcome` on the reward ladder.
 
     A non-zero exit is a ``runtime_error`` even if a submission was written (the run did
     not complete); wall/CPU budget exhaustion is ``timeout``; memory, process or output
-    caps are ``runtime_error``.
+    caps are ``runtime_error``. The submission is checked against ``submission_limits``
+    before it is parsed (an oversized or misshapen one is ``no_submission`` with the limit
+    named in ``metrics["invalid_reason"]``); feedback is at most :data:`FEEDBACK_MAX_CHARS`.
     """
+    out = _outcome(task, result, leaderboard, answers=answers, submission_limits=submission_limits)
+    if len(out.feedback) > FEEDBACK_MAX_CHARS:
+        out = dataclasses.replace(out, feedback=cap_text(out.feedback, FEEDBACK_MAX_CHARS))
+    return out
+
+
+def _outcome(
+    task: Task,
+    result: Any,
+    leaderboard: Sequence[float] | None,
+    *,
+    answers: pd.DataFrame | None = None,
+    submission_limits: SubmissionLimits | None = None,
+) -> Outcome:
+    """Body of :func:`outcome_from_execution` (feedback not yet capped)."""
     metrics: dict[str, Any] = {
         "exec_status": result.status,
         "wall_seconds": round(float(result.wall_seconds), 3),
@@ -284,14 +341,26 @@ def outcome_from_execution(
     stdout = _tail(result.stdout_tail, 500)
     printed = f"\nstdout (tail):\n{stdout}" if stdout else ""
     raw = result.files.get(SUBMISSION_FILE)
-    if raw is None:
+    oversized = (getattr(result, "oversized_files", None) or {}).get(SUBMISSION_FILE)
+    lim = submission_limits or SubmissionLimits()
+    if raw is None and oversized is None:
         msg = f"Your script ran but wrote no ./{SUBMISSION_FILE}.{printed}"
         return Outcome("no_submission", LADDER["no_submission"], feedback=msg, metrics=metrics, cost=cost)
     try:
-        value = score_submission(task, read_submission(raw), answers)
+        if oversized is not None:  # the sandbox did not even read it back
+            raise SubmissionError(f"{SUBMISSION_FILE} is {oversized} bytes; the limit is {lim.max_bytes} bytes")
+        answers = task.read_answers() if answers is None else answers
+        sub = read_submission(
+            raw if raw is not None else b"",
+            expected_columns=task.submission_columns,
+            expected_rows=len(answers),
+            limits=lim,
+        )
+        value = score_submission(task, sub, answers)
     except SubmissionError as err:
-        metrics["invalid_reason"] = str(err)
-        msg = f"Your script ran but ./{SUBMISSION_FILE} is invalid: {err}{printed}"
+        reason = cap_text(str(err), lim.max_message_chars)
+        metrics["invalid_reason"] = reason
+        msg = f"Your script ran but ./{SUBMISSION_FILE} is invalid: {reason}{printed}"
         return Outcome("no_submission", LADDER["no_submission"], feedback=msg, metrics=metrics, cost=cost)
     metric = get_metric(task.metric)
     direction = "higher is better" if metric.higher_is_better else "lower is better"
@@ -309,6 +378,20 @@ def outcome_from_execution(
     return Outcome("valid", ladder_score("valid", pct), feedback=msg, metrics=metrics, cost=cost)
 
 
+def _with_read_cap(limits: Any) -> Any:
+    """``limits`` with the sandbox's read-back capped at the submission size limit, so an
+    oversized submission is never loaded into the grading process (``None``: defaults)."""
+    from wmrl_envs.sandbox.base import Limits
+
+    base = Limits() if limits is None else limits
+    if not isinstance(base, Limits):  # a foreign executor's own limits type: pass through
+        return limits
+    cap = SubmissionLimits().max_bytes
+    if base.max_read_bytes is not None and base.max_read_bytes <= cap:
+        return base
+    return dataclasses.replace(base, max_read_bytes=cap)
+
+
 def grade_script(
     task: Task, script: str, executor: Any, leaderboard: Sequence[float] | None, *, limits: Any = None
 ) -> Outcome | None:
@@ -320,7 +403,7 @@ def grade_script(
     if syntax is not None:
         return syntax
     try:
-        result = executor.run(script, inputs=task.inputs(), outputs=(SUBMISSION_FILE,), limits=limits)
+        result = executor.run(script, inputs=task.inputs(), outputs=(SUBMISSION_FILE,), limits=_with_read_cap(limits))
         if harness_failed(result):
             log.warning("sandbox failed on a solution for task %s: %s", task.task_id, result.reason)
             return None

@@ -86,6 +86,12 @@ class Limits:
         max_output_bytes: stdout + stderr bytes together; the sandbox is killed when the
             script prints more (``killed_limit``).
         tail_bytes: how much of the end of stdout and of stderr is kept in the result.
+        max_read_bytes: largest output file read back into the host process (``None``:
+            ``max_file_bytes``). A larger one is not read at all; its size is reported in
+            :attr:`ExecutionResult.oversized_files` (the caller decides what that means).
+        max_work_bytes: total bytes the work dir may hold (inputs excluded), enforced by a
+            size-capped tmpfs where the backend can mount one (``None``: 4 x
+            ``max_file_bytes``). Writing past it fails with ``ENOSPC``.
 
     >>> Limits(wall_seconds=5, memory_bytes=256 << 20).cpu_seconds
     60.0
@@ -98,6 +104,8 @@ class Limits:
     max_file_bytes: int = 256 << 20
     max_output_bytes: int = 1 << 20
     tail_bytes: int = 8192
+    max_read_bytes: int | None = None
+    max_work_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("wall_seconds", "cpu_seconds"):
@@ -115,6 +123,20 @@ class Limits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"Limits.{name} must be an int >= {minimum}, got {value!r}")
+        for name in ("max_read_bytes", "max_work_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"Limits.{name} must be an int >= 1 or None, got {value!r}")
+
+    @property
+    def read_cap(self) -> int:
+        """Largest output file read back (``max_read_bytes``, else ``max_file_bytes``)."""
+        return self.max_file_bytes if self.max_read_bytes is None else self.max_read_bytes
+
+    @property
+    def work_quota(self) -> int:
+        """Bytes the script may add to its work dir (``max_work_bytes``, else 4 x ``max_file_bytes``)."""
+        return 4 * self.max_file_bytes if self.max_work_bytes is None else self.max_work_bytes
 
 
 @dataclass(frozen=True)
@@ -137,6 +159,8 @@ class ExecutionResult:
         files: requested outputs that the script produced (relative path -> content).
         backend: which backend ran it (``local``, ``local-unsandboxed``, ``docker``).
         reason: one line explaining a non-``ok`` status (empty for ``ok``).
+        oversized_files: requested outputs that exist but are larger than
+            :attr:`Limits.read_cap` (relative path -> size in bytes); they are not in ``files``.
     """
 
     status: str
@@ -149,6 +173,7 @@ class ExecutionResult:
     files: dict[str, bytes] = field(default_factory=dict)
     backend: str = ""
     reason: str = ""
+    oversized_files: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -266,17 +291,35 @@ class WorkDir:
 
     def read_outputs(self, max_bytes: int) -> dict[str, bytes]:
         """Read requested outputs without following links the script may have planted."""
+        return self.read_outputs_checked(max_bytes)[0]
+
+    def read_outputs_checked(self, max_bytes: int) -> tuple[dict[str, bytes], dict[str, int]]:
+        """``(files, oversized)``: outputs of at most ``max_bytes`` are read; larger ones are
+        only measured (``rel -> size``), so a huge output never enters this process."""
         files: dict[str, bytes] = {}
+        oversized: dict[str, int] = {}
         for rel in self.outputs:
-            data = _read_regular_file(self.path, PurePosixPath(rel).parts, max_bytes)
+            try:
+                data = _read_regular_file(self.path, PurePosixPath(rel).parts, max_bytes)
+            except _Oversized as big:
+                oversized[rel] = big.size
+                continue
             if data is not None:
                 files[rel] = data
-        return files
+        return files, oversized
 
     def cleanup(self) -> None:
         # rmtree unlinks symlinks instead of following them, and root ignores the modes
         # the script may have set on its own files.
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+class _Oversized(Exception):
+    """An output file larger than the read cap (carries its size)."""
+
+    def __init__(self, size: int):
+        super().__init__(size)
+        self.size = size
 
 
 def _read_regular_file(base: Path, parts: tuple[str, ...], max_bytes: int) -> bytes | None:
@@ -288,8 +331,11 @@ def _read_regular_file(base: Path, parts: tuple[str, ...], max_bytes: int) -> by
             fds.append(os.open(part, flags_dir, dir_fd=fds[-1]))
         fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fds[-1])
         fds.append(fd)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             return None
+        if st.st_size > max_bytes:
+            raise _Oversized(st.st_size)
         with os.fdopen(os.dup(fd), "rb") as f:
             return f.read(max_bytes)
     except OSError as e:

@@ -135,10 +135,10 @@ class DockerExecutor:
             if not root:  # cannot chown: let the container's uid write anyway
                 os.chmod(work.path, 0o777)
             result = self._run_container(work, limits)
-            files = work.read_outputs(limits.max_file_bytes)
+            files, oversized = work.read_outputs_checked(limits.read_cap)
         finally:
             work.cleanup()
-        return ExecutionResult(**{**result, "files": files})
+        return ExecutionResult(**{**result, "files": files, "oversized_files": oversized})
 
     def _create(self, work: WorkDir, limits: Limits, hold: bool):
         from docker.types import LogConfig, Ulimit

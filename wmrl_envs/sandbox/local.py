@@ -346,13 +346,13 @@ class LocalExecutor:
             )
             try:
                 result = self._supervise(work, limits, uid)
-                files = work.read_outputs(limits.max_file_bytes)
+                files, oversized = work.read_outputs_checked(limits.read_cap)
             finally:
                 work.cleanup()
         finally:
             if uid is not None and self._uids is not None:  # a uid comes only from the pool
                 self._uids.release(uid)
-        return ExecutionResult(**{**result, "files": files})
+        return ExecutionResult(**{**result, "files": files, "oversized_files": oversized})
 
     def _supervise(self, work: WorkDir, limits: Limits, uid: int | None) -> dict:
         report_r, report_w = os.pipe()
