@@ -5,6 +5,7 @@
     wmrl-wm fit --logs a.jsonl b.jsonl --out model_dir [--split train] [--tier small|full] [--max-iter 200]
     wmrl-wm fidelity --model model_dir|default --logs held_out.jsonl [--split test] [--tier small|full] [--markdown out.md]
     wmrl-wm update --model model_dir --logs anchors.jsonl --out model_dir2
+    nice -n 19 wmrl-wm grow-corpus [--budget-minutes 60] [--max-tasks N] [--out DIR]
 
 ``--split`` keeps only records whose task belongs to that catalog split: the record's
 ``context["split"]`` when present, else the AutoResearch catalog's split of its task.
@@ -98,6 +99,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     upd.add_argument("--model", required=True)
     upd.add_argument("--logs", nargs="+", required=True)
     upd.add_argument("--out", required=True)
+    grow = sub.add_parser("grow-corpus", help="execute reference pools on new tables into the log corpus (resumable)")
+    grow.add_argument("--out", help="corpus directory (default: the shipped wmrl_envs/world_models/log_corpus)")
+    grow.add_argument("--budget-minutes", type=float, default=60.0, help="start no new task after this (default 60)")
+    grow.add_argument("--max-tasks", type=int, help="stop after adding this many tasks")
+    grow.add_argument("--task-root", help="where the tasks' files go (default: a temp dir)")
+    grow.add_argument("--seed", type=int, default=0, help="order of the sources (default 0)")
     args = parser.parse_args(argv)
 
     if args.command == "fit":
@@ -130,6 +137,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             Path(args.markdown).write_text(table + "\n")
         if args.json:
             Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    elif args.command == "grow-corpus":
+        from wmrl_envs.world_models.corpus import grow_corpus
+
+        state = grow_corpus(
+            args.out, budget_minutes=args.budget_minutes, max_tasks=args.max_tasks, seed=args.seed,
+            task_root=args.task_root,
+        )  # fmt: skip
+        print(f"corpus: {len(state['done'])} tasks logged, {len(state['skipped'])} sources skipped")
     else:
         model = _load_model(args.model).update(read_logs(args.logs))
         print(f"refitted on {model.info['n_used']} records; saved to {model.save(args.out)}")
