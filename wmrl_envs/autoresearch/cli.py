@@ -8,7 +8,7 @@ Commands::
         [--tier small|full|all] [--max-concurrent 2]  write leaderboards + pool logs (JSONL);
         [--size full|small] [--wall-seconds S]        limits per run: the task's own unless
         [--memory-bytes B] [--no-logs]                --wall-seconds / --memory-bytes are given
-        [--logs-dir DIR] [--backend local|docker]
+        [--logs-dir DIR] [--backend local|docker|ray]
     wmrl-tasks refresh-log-contexts [--tasks T ...]   rewrite pool-log contexts from task.json
     wmrl-tasks catalog-table [--tier small|full]      write the markdown catalog table (between
         [--out docs/catalog.md]                       the file's two <!-- catalog-table --> or
@@ -146,7 +146,7 @@ def _parser() -> argparse.ArgumentParser:
     bl.add_argument("--no-logs", action="store_true")
     bl.add_argument("--no-broken", action="store_true", help="skip the broken scripts (they only feed the logs)")
     bl.add_argument("--logs-dir", type=Path)
-    bl.add_argument("--backend", choices=("local", "docker"))
+    bl.add_argument("--backend", choices=("local", "docker", "ray"), help="default: $WMRL_SANDBOX or local")
     rl = sub.add_parser("refresh-log-contexts", help="rewrite the pool logs' contexts from the tasks' current metadata")
     rl.add_argument("--tasks", nargs="+", help="catalog ids (default: every catalog task of --tier)")
     rl.add_argument("--tier", choices=("small", "full", "all"), default="all")

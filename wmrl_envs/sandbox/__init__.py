@@ -12,11 +12,14 @@ inside the sandbox) that holds read-only copies of the declared ``inputs``; the 
 Backends: :class:`LocalExecutor` (bubblewrap + rlimits + non-root uid; the default) and
 :class:`DockerExecutor` (Docker engine; build its image once with
 ``python -m wmrl_envs.sandbox.cli build-image``). :class:`ExecutorPool` runs batches.
-``WMRL_SANDBOX=docker`` makes :func:`default_executor` pick Docker.
+``WMRL_SANDBOX=docker`` makes :func:`default_executor` pick Docker; ``WMRL_SANDBOX=ray``
+picks :class:`RayExecutor` (each run a Ray task on a local instance or the cluster at
+``$RAY_ADDRESS``, isolated on its node by the local or Docker backend; needs the ``ray`` extra).
 
 Classes: :class:`Limits`, :class:`ExecutionResult`, :class:`Executor`, :class:`Job`,
-:class:`LocalExecutor`, :class:`DockerExecutor`, :class:`ExecutorPool`,
-:class:`SandboxUnavailable`. Functions: :func:`default_executor`.
+:class:`LocalExecutor`, :class:`DockerExecutor`, :class:`RayExecutor`, :class:`ExecutorPool`,
+:class:`SandboxUnavailable`, :class:`SandboxHarnessError`. Functions: :func:`default_executor`.
+Constants: :data:`BACKENDS` (the names :func:`default_executor` and the CLIs accept).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from wmrl_envs.sandbox.base import STATUSES, ExecutionResult, Executor, Job, Lim
 from wmrl_envs.sandbox.docker_backend import DockerExecutor
 from wmrl_envs.sandbox.local import LocalExecutor
 from wmrl_envs.sandbox.pool import ExecutorPool
+from wmrl_envs.sandbox.ray_executor import RayExecutor, SandboxHarnessError
 
 __all__ = [
     "STATUSES",
@@ -36,19 +40,25 @@ __all__ = [
     "Job",
     "LocalExecutor",
     "DockerExecutor",
+    "RayExecutor",
     "ExecutorPool",
     "SandboxUnavailable",
+    "SandboxHarnessError",
+    "BACKENDS",
     "default_executor",
 ]
 
-_BACKENDS = {"local": LocalExecutor, "docker": DockerExecutor}
+_BACKENDS: dict[str, type] = {"local": LocalExecutor, "docker": DockerExecutor, "ray": RayExecutor}
+
+#: Backend names accepted by :func:`default_executor`, ``$WMRL_SANDBOX`` and the CLIs' ``--backend``.
+BACKENDS = tuple(_BACKENDS)
 
 
 def default_executor(backend: str | None = None, **kwargs) -> Executor:
     """The executor to use when the caller has no preference.
 
     Args:
-        backend: ``"local"`` or ``"docker"``; ``None`` reads ``$WMRL_SANDBOX`` (default ``local``).
+        backend: ``"local"``, ``"docker"`` or ``"ray"``; ``None`` reads ``$WMRL_SANDBOX`` (default ``local``).
         **kwargs: passed to the backend's constructor.
     """
     name = backend or os.environ.get("WMRL_SANDBOX", "local")

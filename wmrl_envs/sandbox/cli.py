@@ -3,7 +3,7 @@
 Commands:
   build-image [--if-missing] [--tag T] [--suite S] [--mirror URI]
       build the Docker sandbox image offline (debootstrap + docker import).
-  run SCRIPT.py [--backend local|docker] [--input REL=HOST]... [--output REL]... [--wall S] ...
+  run SCRIPT.py [--backend local|docker|ray] [--input REL=HOST]... [--output REL]... [--wall S] ...
       run a script in the sandbox and print the result as JSON (outputs saved to --save-dir).
 
 Functions: :func:`main`.
@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     b.set_defaults(func=_build_image)
     r = sub.add_parser("run", help="run a script in the sandbox, print the result as JSON")
     r.add_argument("script")
-    r.add_argument("--backend", choices=("local", "docker"), default=None, help="default: $WMRL_SANDBOX or local")
+    r.add_argument(
+        "--backend", choices=("local", "docker", "ray"), default=None, help="default: $WMRL_SANDBOX or local"
+    )
     r.add_argument("--input", action="append", default=[], metavar="REL=HOST_PATH")
     r.add_argument("--output", action="append", default=[], metavar="REL")
     r.add_argument("--save-dir", default=None, help="where to write the returned output files")
