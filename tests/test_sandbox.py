@@ -180,14 +180,16 @@ def test_uid_pool_waits_when_every_uid_is_busy(tmp_path):
 # -- without bubblewrap ---------------------------------------------------------------
 
 
-def test_missing_bwrap_strict_refuses():
-    with pytest.raises(SandboxUnavailable, match="bubblewrap.*not installed.*strict=True"):
-        LocalExecutor(TEST_UIDS, bwrap="/nonexistent/bwrap", strict=True)
+def test_missing_bwrap_refuses_by_default(monkeypatch):
+    monkeypatch.delenv("WMRL_SANDBOX_UNSAFE_NO_ISOLATION", raising=False)
+    for strict in (True, False):  # strict or not: no unisolated fallback without the unsafe opt-out
+        with pytest.raises(SandboxUnavailable, match="bubblewrap.*not installed.*unsafe_no_isolation=True"):
+            LocalExecutor(TEST_UIDS, bwrap="/nonexistent/bwrap", strict=strict)
 
 
-def test_missing_bwrap_warns_loudly_and_still_limits(public_tmp):
-    with pytest.warns(RuntimeWarning, match="NETWORK isolation.*FILESYSTEM isolation"):
-        ex = LocalExecutor(TEST_UIDS, bwrap="/nonexistent/bwrap")
+def test_missing_bwrap_with_unsafe_opt_out_warns_loudly_and_still_limits(public_tmp):
+    with pytest.warns(RuntimeWarning, match="unsafe_no_isolation.*NETWORK isolation.*FILESYSTEM isolation"):
+        ex = LocalExecutor(TEST_UIDS, bwrap="/nonexistent/bwrap", unsafe_no_isolation=True)
     assert not ex.sandboxed and ex.backend == "local-unsandboxed"
     r = ex.run("import os\nopen('s.csv', 'w').write('1')\nprint(os.getuid())", outputs=["s.csv"], limits=SMALL)
     assert r.status == "ok" and r.files == {"s.csv": b"1"} and int(r.stdout_tail) >= TEST_UIDS.uid_base

@@ -1,15 +1,22 @@
 """Sandbox launcher: the first process of every run, started as ``python3 -S -I -c <this file>``.
 
-Usage: ``python3 -S -I -c <this file> OPTIONS_JSON CMD...`` with OPTIONS_JSON keys:
+Usage: ``python3 -S -I -c <this file> OPTIONS_JSON CMD...`` with OPTIONS_JSON keys
+(every key optional, so callers of older versions keep working):
 
 * ``rlimits``: ``RLIMIT_*`` name -> ``[soft, hard]``, applied to CMD only.
-* ``report_fd``: fd that receives ``{"status", "utime", "stime", "maxrss_kb"}`` as JSON
-  once CMD has exited (or ``null``).
+* ``report_fd``: fd that receives ``{"status", "utime", "stime", "maxrss_kb", "wall_killed"}``
+  as JSON once CMD has exited (or ``null``).
 * ``sweep``: every other process of this uid (or of this container) belongs to the run:
   SIGKILL them all when CMD exits, and return only once none is left.
 * ``hold_seconds``: after that, stay alive up to this long until SIGTERM, then exit with
   CMD's exit code (``128 + signal`` for a signal death). The Docker backend uses this to
   read the container's cgroup counters before the engine deletes the cgroup.
+* ``go_fd``: read one byte from this fd before starting CMD (the host moves the launcher
+  into the run's cgroup first); end of file means the host is gone: exit without running.
+* ``wall_seconds``: the launcher's own deadline: CMD (everything, with ``sweep``) is killed
+  after this long even if nobody is left to tell it to (``wall_killed`` in the report).
+* ``parent_pid``: die with that process: ``PR_SET_PDEATHSIG`` delivers SIGTERM to the
+  launcher when it exits (checked once after arming, for a parent already gone).
 
 SIGTERM while CMD runs kills it (everything, with ``sweep``) and the launcher still reports.
 
@@ -32,10 +39,9 @@ import time
 def main() -> None:
     opts = json.loads(sys.argv[1])
     cmd = sys.argv[2:]
-    state = {"child": 0, "stop": False}
+    state = {"child": 0, "stop": False, "wall": False}
 
-    def on_term(signum, frame):
-        state["stop"] = True
+    def kill_run():
         try:
             if opts.get("sweep"):
                 os.kill(-1, signal.SIGKILL)  # every process of this uid but us: the whole sandbox
@@ -44,14 +50,38 @@ def main() -> None:
         except ProcessLookupError:  # nothing left to kill
             pass
 
+    def on_term(signum, frame):
+        state["stop"] = True
+        kill_run()
+
+    def on_alarm(signum, frame):
+        state["wall"] = True
+        kill_run()
+
     signal.signal(signal.SIGTERM, on_term)
+    if opts.get("parent_pid"):
+        _die_with_parent(int(opts["parent_pid"]))
     report_fd = opts.get("report_fd")
+    go_fd = opts.get("go_fd")
+    if go_fd is not None:
+        try:
+            go = os.read(go_fd, 1)
+        except OSError:
+            go = b""
+        os.close(go_fd)
+        if not go:  # the host died before the run started
+            os._exit(125)
+    if opts.get("wall_seconds"):
+        signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, float(opts["wall_seconds"]))
     pid = os.fork()
     if pid == 0:
         try:
             if report_fd is not None:
                 os.close(report_fd)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            for sig in (signal.SIGTERM, signal.SIGALRM):
+                signal.signal(sig, signal.SIG_DFL)
             for name, (soft, hard) in opts.get("rlimits", {}).items():
                 resource.setrlimit(getattr(resource, name), (soft, hard))
             os.execv(cmd[0], cmd)
@@ -59,17 +89,45 @@ def main() -> None:
             os.write(2, f"wmrl sandbox launcher: cannot start {cmd[0]!r}: {e!r}\n".encode())
         os._exit(127)
     state["child"] = pid
-    _, status, ru = os.wait4(pid, 0)
+    while True:
+        try:
+            _, status, ru = os.wait4(pid, 0)
+            break
+        except InterruptedError:  # PEP 475 retries, but be explicit for old interpreters
+            continue
+    signal.setitimer(signal.ITIMER_REAL, 0)
     if opts.get("sweep"):
         _sweep()
     if report_fd is not None:
-        report = {"status": status, "utime": ru.ru_utime, "stime": ru.ru_stime, "maxrss_kb": ru.ru_maxrss}
-        os.write(report_fd, json.dumps(report).encode())
+        report = {
+            "status": status,
+            "utime": ru.ru_utime,
+            "stime": ru.ru_stime,
+            "maxrss_kb": ru.ru_maxrss,
+            "wall_killed": state["wall"],
+        }
+        try:
+            os.write(report_fd, json.dumps(report).encode())
+        except OSError:  # the host is gone; nobody to report to
+            pass
     deadline = time.monotonic() + opts.get("hold_seconds", 0)
     while not state["stop"] and time.monotonic() < deadline:
         time.sleep(0.005)
     code = os.waitstatus_to_exitcode(status)
     os._exit(128 - code if code < 0 else code)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Get SIGTERM when the host process dies (Linux ``prctl``); no-op where unsupported."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _sweep(timeout: float = 5.0) -> None:

@@ -14,6 +14,7 @@ Constants: :data:`STATUSES`, :data:`SANDBOX_DIR`, :data:`DEFAULT_ENV`.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import shutil
@@ -24,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Protocol, runtime_checkable
+
+from wmrl_envs.sandbox.workfs import is_mount, mount_quota, remove_tree, unmount, write_owner
 
 __all__ = [
     "STATUSES",
@@ -63,6 +66,7 @@ DEFAULT_ENV: Mapping[str, str] = {
 }
 
 _SCRIPT_NAME = "main.py"
+log = logging.getLogger(__name__)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -236,10 +240,15 @@ def _relative_path(path: str, what: str) -> PurePosixPath:
 class WorkDir:
     """A fresh host directory for one run, removed on :meth:`cleanup`.
 
-    Layout: ``<base>/wmrl-sbx-XXXX/`` (mode 0711, root) holding ``work/`` (owned by the
-    sandbox uid, mode 0700). Only ``work/`` is ever mounted into a sandbox. Inputs and
-    ``main.py`` are root-owned copies with mode 0444 inside it, so the script can read
-    but not change them.
+    Layout: ``<base>/wmrl-sbx-XXXX/`` (mode 0711, root) holding ``owner`` (this process's
+    ``pid:starttime``, for :func:`~wmrl_envs.sandbox.workfs.sweep_stale`) and ``work/``
+    (owned by the sandbox uid, mode 0700). Only ``work/`` is ever mounted into a sandbox.
+    Inputs and ``main.py`` are root-owned copies with mode 0444 inside it, so the script
+    can read but not change them.
+
+    With ``quota_bytes`` (and root), ``work/`` is a tmpfs of the inputs' size plus
+    ``quota_bytes``: the script's writes are capped in total (``ENOSPC``), not only per
+    file. :attr:`quota_enforced` says whether the mount succeeded.
     """
 
     def __init__(
@@ -250,6 +259,7 @@ class WorkDir:
         *,
         owner: tuple[int, int] | None,
         base_dir: str | None = None,
+        quota_bytes: int | None = None,
     ):
         if not isinstance(script, str):
             raise TypeError(f"script must be a str of Python source, got {type(script).__name__}")
@@ -260,11 +270,20 @@ class WorkDir:
         for rel, src in staged.items():
             if not src.exists():
                 raise FileNotFoundError(f"input {rel!r}: host path {str(src)!r} does not exist")
+        self.quota_enforced = False
         self.root = Path(tempfile.mkdtemp(prefix="wmrl-sbx-", dir=base_dir))
         try:
+            write_owner(self.root)
             os.chmod(self.root, 0o711)  # traversable (bwrap binds as the sandbox uid), not listable
             self.path = self.root / "work"
             self.path.mkdir(mode=0o700)
+            if quota_bytes is not None and os.geteuid() == 0:
+                size = quota_bytes + len(script.encode()) + sum(_tree_bytes(src) for src in staged.values())
+                try:
+                    mount_quota(self.path, size + (1 << 20))  # + room for the tmpfs's own metadata
+                    self.quota_enforced = True
+                except OSError as e:
+                    _warn_no_quota(e)
             (self.path / _SCRIPT_NAME).write_text(script, encoding="utf-8")
             for rel, src in staged.items():
                 dst = self.path / rel
@@ -295,7 +314,8 @@ class WorkDir:
 
     def read_outputs_checked(self, max_bytes: int) -> tuple[dict[str, bytes], dict[str, int]]:
         """``(files, oversized)``: outputs of at most ``max_bytes`` are read; larger ones are
-        only measured (``rel -> size``), so a huge output never enters this process."""
+        only measured (``rel -> size``), so a huge output never enters this process.
+        Never raises for what the script left (unreadable paths count as not written)."""
         files: dict[str, bytes] = {}
         oversized: dict[str, int] = {}
         for rel in self.outputs:
@@ -304,14 +324,41 @@ class WorkDir:
             except _Oversized as big:
                 oversized[rel] = big.size
                 continue
+            except OSError as e:
+                log.warning("wmrl sandbox: output %r unreadable: %r", rel, e)
+                continue
             if data is not None:
                 files[rel] = data
         return files, oversized
 
-    def cleanup(self) -> None:
-        # rmtree unlinks symlinks instead of following them, and root ignores the modes
-        # the script may have set on its own files.
-        shutil.rmtree(self.root, ignore_errors=True)
+    def cleanup(self) -> bool:
+        """Unmount the quota tmpfs and remove the whole work dir; True when it is gone.
+        Never raises: a tree the script shaped (any depth, any modes) cannot stop it."""
+        path = getattr(self, "path", None)
+        if path is not None and is_mount(path):
+            unmount(path)  # frees the quota tmpfs at once, whatever it holds
+        return remove_tree(self.root)
+
+
+def _tree_bytes(path: Path) -> int:
+    """Bytes of a file or of every file under a directory (inputs to stage)."""
+    if not path.is_dir():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+_quota_warned = False
+
+
+def _warn_no_quota(err: OSError) -> None:
+    global _quota_warned
+    if not _quota_warned:
+        _quota_warned = True
+        log.warning(
+            "wmrl sandbox: cannot mount a size-capped tmpfs on work dirs (%s); only the per-file "
+            "cap (RLIMIT_FSIZE) bounds what a script writes to its work dir",
+            err,
+        )
 
 
 class _Oversized(Exception):

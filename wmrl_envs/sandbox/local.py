@@ -1,32 +1,44 @@
-"""The default sandbox backend: bubblewrap namespaces + rlimits + a dedicated non-root uid.
+"""The default sandbox backend: bubblewrap namespaces + cgroup + rlimits + a dedicated non-root uid.
 
 Layers, outermost first:
 
 * **uid**: each concurrent run gets its own uid from a reserved numeric range (no passwd
   entry needed), so ``RLIMIT_NPROC`` -- which the kernel counts per uid, and ignores for
-  root -- caps exactly that run's processes.
-* **rlimits**: ``RLIMIT_CPU``, ``RLIMIT_DATA`` (memory), ``RLIMIT_FSIZE``, ``RLIMIT_NPROC``,
-  ``RLIMIT_CORE=0``, set by a tiny launcher (:mod:`wmrl_envs.sandbox._launcher`, running as
-  the sandbox uid) right before it execs ``bwrap``; the launcher also reports the
-  sandbox's CPU time and peak RSS (``wait4`` here would count the host's own RSS).
+  root -- caps exactly that run's processes. Leftover processes of a uid (from a grading
+  process that was SIGKILLed) are killed before the uid is used again.
+* **cgroup** (:mod:`wmrl_envs.sandbox.cgroup`, v1 or v2, per run): memory of every kind
+  (heap, shared mappings, memfd, tmpfs, socket buffers) capped at ``memory_bytes`` plus a
+  small headroom, ``pids.max``, and the CPU time of *all* processes of the run, waited
+  for or not, checked against ``cpu_seconds`` while it runs. Skipped with a warning where
+  cgroups are not writable (then the rlimits below are all there is).
+* **rlimits**: ``RLIMIT_CPU``, ``RLIMIT_DATA`` (so a plain memory bomb fails with
+  ``MemoryError``), ``RLIMIT_FSIZE``, ``RLIMIT_NPROC``, ``RLIMIT_CORE=0``, set by a tiny
+  launcher (:mod:`wmrl_envs.sandbox._launcher`, running as the sandbox uid) right before
+  it execs ``bwrap``; the launcher also enforces the wall limit itself and dies with the
+  grading process (``PR_SET_PDEATHSIG``), so a dead parent leaves nothing running.
 * **bubblewrap**: new user/pid/net/ipc/uts/cgroup namespaces (no network: only an
-  isolated loopback device), read-only ``/usr`` and a few ``/etc`` files, a read-only
-  root, size-capped private ``/tmp`` and ``/dev/shm``, the work dir bound read-write at
+  isolated loopback device), no nested user namespaces (``--disable-userns``), read-only
+  mounts of only the Python runtime (the interpreter, its ``sys.path`` directories, the
+  shared libraries, time zones -- not all of ``/usr``) and a few ``/etc`` files; this
+  package's own directory is masked if it lies under one of them; a read-only root,
+  size-capped private ``/tmp`` and ``/dev/shm``, the work dir bound read-write at
   ``/sandbox`` (the cwd), nothing else of the host: ``/root``, ``/home``, ``/work``,
   ``/var`` ... simply do not exist inside.
+* **work dir**: a size-capped tmpfs (``Limits.work_quota``) removed after the run, by a
+  cleanup that no tree shape can defeat (:mod:`wmrl_envs.sandbox.workfs`).
 * **supervision**: stdout/stderr through pipes with a byte cap, a wall deadline, and a
   kill that takes the whole pid namespace down (``--die-with-parent``).
 
-Without a working ``bwrap`` the run is still uid-dropped and rlimited, but the script can
-use the network and read every world-readable host file; a loud warning says so and
-``strict=True`` refuses instead.
+Without a working ``bwrap`` nothing runs: :class:`SandboxUnavailable` says why. Trusted
+code may run without isolation only with the loudly named opt-out
+``unsafe_no_isolation=True`` (or ``WMRL_SANDBOX_UNSAFE_NO_ISOLATION=1``): uid-dropped and
+rlimited, but with the network and every world-readable host file in reach.
 
-Known gaps (the Docker backend closes the first two with cgroups): ``RLIMIT_DATA`` and
-``RLIMIT_CPU`` are per process, so a script running ``k`` processes may use up to ``k``
-times the memory and CPU budget (``max_processes`` and the wall limit bound this); the
-``/tmp`` and ``/dev/shm`` tmpfs use memory outside ``RLIMIT_DATA``; the work dir is on the
-host's disk with only a per-file cap. The script is its pid namespace's init, so signals
-it sends itself without a handler are ignored (SIGKILL from outside always works).
+Known gaps: without writable cgroups, ``RLIMIT_DATA`` and ``RLIMIT_CPU`` are per process
+(a script running ``k`` processes may use ``k`` times the budget; ``max_processes`` and the
+wall limit bound this) and shared memory is unbounded but for the tmpfs sizes. The script
+is its pid namespace's init, so signals it sends itself without a handler are ignored
+(SIGKILL from outside always works).
 
 Classes: :class:`LocalExecutor`, :class:`LocalConfig`.
 """
@@ -51,6 +63,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wmrl_envs.sandbox import cgroup as _cgroup
+from wmrl_envs.sandbox import workfs
 from wmrl_envs.sandbox.base import (
     DEFAULT_ENV,
     SANDBOX_DIR,
@@ -63,7 +77,16 @@ from wmrl_envs.sandbox.base import (
     resolve_limits,
 )
 
-__all__ = ["LocalExecutor", "LocalConfig", "LAUNCHER_SOURCE"]
+__all__ = ["LocalExecutor", "LocalConfig", "LAUNCHER_SOURCE", "UNSAFE_ENV"]
+
+#: Environment variable that, set to ``1``, allows the unisolated fallback (trusted code only).
+UNSAFE_ENV = "WMRL_SANDBOX_UNSAFE_NO_ISOLATION"
+#: Memory the run's cgroup allows beyond ``Limits.memory_bytes``: the launcher, bwrap and
+#: the interpreter's file-backed pages, which ``RLIMIT_DATA`` does not count either.
+CGROUP_HEADROOM = 64 << 20
+#: The launcher's own wall deadline trails the host's by this much: the host's kill (with
+#: its exact reason) normally comes first; the launcher's is for a host that died.
+LAUNCHER_WALL_GRACE = 2.0
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +115,23 @@ class LocalConfig:
         python: interpreter inside the sandbox; must be readable by the sandbox uid
             (Debian's ``/usr/bin/python3``, not a venv under ``/root``).
         bwrap: bubblewrap binary (name or path).
-        strict: refuse to run (raise :class:`SandboxUnavailable`) when bwrap is unusable,
-            instead of running with a loud warning.
+        strict: also refuse (raise :class:`SandboxUnavailable`) when not running as root
+            (scripts would then run under the caller's uid, without a per-run process cap).
+            A missing or unusable bwrap is always refused, ``strict`` or not.
+        unsafe_no_isolation: run WITHOUT bubblewrap when it is unusable, for trusted code
+            only: the script can then read every world-readable host file (hidden answers
+            included, unless their directories are root-only) and use the network. Also
+            enabled by ``$WMRL_SANDBOX_UNSAFE_NO_ISOLATION=1``.
+        mount_usr: mount all of ``/usr`` (the old behaviour) instead of only the Python
+            runtime the script needs.
+        hidden_paths: host paths masked by an empty read-only tmpfs inside the sandbox
+            (added to this package's own directory, which is always masked when visible).
+        cgroups: put each run in its own cgroup (memory incl. shared memory, pids, CPU of
+            all descendants) where ``/sys/fs/cgroup`` is writable.
+        disable_userns: forbid nested user namespaces inside the sandbox
+            (``bwrap --disable-userns``) where bwrap supports it.
+        work_quota: make the work dir a size-capped tmpfs (``Limits.work_quota``) where
+            mounting is allowed (root).
         uid_base: first uid of the range reserved for sandbox runs; uids with a passwd
             entry are skipped. Only used when the host process is root.
         uid_count: size of that range = the most local runs at once on this host, across
@@ -107,6 +145,12 @@ class LocalConfig:
     python: str = "/usr/bin/python3"
     bwrap: str = "bwrap"
     strict: bool = False
+    unsafe_no_isolation: bool = False
+    mount_usr: bool = False
+    hidden_paths: Sequence[str] = ()
+    cgroups: bool = True
+    disable_userns: bool = True
+    work_quota: bool = True
     uid_base: int = 300_000
     uid_count: int = 64
     lock_dir: str = "/run/wmrl-sandbox"
@@ -170,6 +214,29 @@ def _check_traversable(path: str) -> None:
             )
 
 
+def _kill_uid(uid: int, timeout: float = 5.0) -> None:
+    """SIGKILL every host process running as ``uid`` (a sandbox uid: none should be left)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.stat(f"/proc/{entry}").st_uid == uid:
+                        left.append(int(entry))
+                except OSError:
+                    continue
+        if not left:
+            return
+        log.warning("wmrl sandbox: killing %d leftover process(es) of sandbox uid %d", len(left), uid)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.01)
+
+
 def _uid_has_passwd_entry(uid: int) -> bool:
     try:
         pwd.getpwuid(uid)
@@ -179,10 +246,12 @@ def _uid_has_passwd_entry(uid: int) -> bool:
 
 
 class LocalExecutor:
-    """Run untrusted scripts under bubblewrap, rlimits and a throwaway non-root uid.
+    """Run untrusted scripts under bubblewrap, a per-run cgroup, rlimits and a throwaway uid.
 
     Thread-safe: share one instance across threads (see
-    :class:`~wmrl_envs.sandbox.pool.ExecutorPool`).
+    :class:`~wmrl_envs.sandbox.pool.ExecutorPool`). Construction removes what dead grading
+    processes left behind (work dirs, cgroups) and raises :class:`SandboxUnavailable` when
+    bubblewrap cannot isolate scripts here (see ``LocalConfig.unsafe_no_isolation``).
 
     >>> ex = LocalExecutor()
     >>> r = ex.run("with open('submission.csv', 'w') as f: print('id,y', file=f)",
@@ -199,28 +268,45 @@ class LocalExecutor:
         self._uids = (
             _UidPool(self.config.uid_base, self.config.uid_count, self.config.lock_dir) if self._is_root else None
         )
+        base = self.config.work_base or tempfile.gettempdir()
         if self._is_root:
-            _check_traversable(self.config.work_base or tempfile.gettempdir())
+            _check_traversable(base)
+            workfs.sweep_stale(base)  # work dirs of grading processes that were SIGKILLed
+            if self.config.cgroups:
+                _cgroup.sweep_stale()
+        self._runtime = self._runtime_mounts()
+        self._disable_userns = self.config.disable_userns
         self._bwrap, problem = self._probe_bwrap()
+        if self._bwrap is None and self._disable_userns and problem and "disable-userns" in problem:
+            log.warning("wmrl sandbox: bwrap --disable-userns unsupported here; nested user namespaces stay possible")
+            self._disable_userns = False
+            self._bwrap, problem = self._probe_bwrap()
         self.sandboxed = self._bwrap is not None
         self.backend = "local" if self.sandboxed else "local-unsandboxed"
         if problem:
+            unsafe = self.config.unsafe_no_isolation or os.environ.get(UNSAFE_ENV) == "1"
             lost = (
                 "NETWORK isolation (the script can open connections), FILESYSTEM isolation "
                 "(it can read every world-readable host file and write wherever its uid may, "
                 "e.g. /tmp), PID isolation (processes that leave the process group escape the kill)"
             )
-            msg = f"wmrl sandbox: {problem}. Running WITHOUT bubblewrap loses: {lost}. Still enforced: rlimits" + (
-                ", non-root uid." if self._is_root else "."
+            if not unsafe:
+                raise SandboxUnavailable(
+                    f"wmrl sandbox: {problem}. Refusing to run untrusted code without isolation. For trusted "
+                    f"code only, pass unsafe_no_isolation=True (or set {UNSAFE_ENV}=1) to run without it."
+                )
+            msg = (
+                f"wmrl sandbox: {problem}. Running WITHOUT bubblewrap (unsafe_no_isolation) loses: {lost}. "
+                f"Still enforced: rlimits" + (", non-root uid." if self._is_root else ".")
             )
-            if self.config.strict:
-                raise SandboxUnavailable(msg + " Refusing to run because strict=True.")
             warnings.warn(msg, RuntimeWarning, stacklevel=2)
             log.warning(msg)
+        self._cgroups = self.config.cgroups and self._is_root and _cgroup.available()
         if not self._is_root:
             msg = (
                 "wmrl sandbox: not running as root, so scripts run under YOUR uid: the process "
-                "limit (RLIMIT_NPROC counts all your processes) is not applied."
+                "limit (RLIMIT_NPROC counts all your processes), the per-run cgroup and the "
+                "work-dir quota are not applied."
             )
             if self.config.strict:
                 raise SandboxUnavailable(msg + " Refusing to run because strict=True.")
@@ -236,7 +322,7 @@ class LocalExecutor:
         uid = self._uids.acquire() if self._uids else None
         try:
             proc = subprocess.run(
-                [path, *self._mounts(), "--", self.config.python, "-c", "pass"],
+                [path, *self._mounts(), "--", self.config.python, "-c", "import encodings"],
                 capture_output=True,
                 timeout=30,
                 cwd="/",
@@ -256,21 +342,55 @@ class LocalExecutor:
     def _user_kwargs(uid: int | None) -> dict:
         return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
 
+    def _runtime_mounts(self) -> list[str]:
+        """Host paths the interpreter needs, read-only: itself, its ``sys.path``, shared libs."""
+        if self.config.mount_usr:
+            return ["/usr"]
+        python = self.config.python
+        paths = {python, os.path.realpath(python)}
+        try:
+            out = subprocess.run(
+                [
+                    python,
+                    "-I",
+                    "-c",
+                    "import sys, sysconfig, json; print(json.dumps([sys.path, "
+                    "sysconfig.get_config_var('MULTIARCH') or '', sysconfig.get_config_var('LIBDIR') or '']))",
+                ],
+                capture_output=True,
+                timeout=30,
+                check=True,
+            ).stdout
+            sys_path, multiarch, libdir = json.loads(out)
+        except (OSError, subprocess.SubprocessError, ValueError) as e:
+            raise SandboxUnavailable(f"wmrl sandbox: cannot run the sandbox interpreter {python!r}: {e}") from None
+        paths.update(p for p in sys_path if p and os.path.exists(p))
+        for lib in (libdir, f"/usr/lib/{multiarch}" if multiarch else "", "/usr/lib64", "/usr/share/zoneinfo"):
+            if lib and os.path.isdir(lib):
+                paths.add(lib)
+        # a path under another one is already visible
+        kept = sorted(p for p in paths if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in paths))
+        return kept
+
+    def _masks(self) -> list[str]:
+        """Visible paths to hide: this package (it ships the catalog's answers) and ``hidden_paths``."""
+        package = str(Path(__file__).resolve().parent.parent)  # wmrl_envs/
+        out = []
+        for p in [package, *self.config.hidden_paths]:
+            rp = os.path.realpath(p)
+            if os.path.isdir(rp) and any(rp == m or rp.startswith(m.rstrip("/") + "/") for m in self._runtime):
+                out.append(rp)
+        return out
+
     def _mounts(self) -> list[str]:
         # --as-pid-1: python is the namespace's init and bwrap's direct child, so bwrap's
         # waitpid -- hence our wait4 -- accounts its CPU time and peak RSS (bwrap's own init
         # reports the exit code through a pipe and is never waited for).
-        args = [
-            "--unshare-all",
-            "--as-pid-1",
-            "--die-with-parent",
-            "--new-session",
-            "--hostname",
-            "sandbox",
-            "--ro-bind",
-            "/usr",
-            "/usr",
-        ]
+        args = ["--unshare-all", "--as-pid-1", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+        if self._disable_userns:
+            args += ["--unshare-user", "--disable-userns"]
+        for path in self._runtime:
+            args += ["--ro-bind", path, path]
         for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
             if os.path.islink(top):  # merged-/usr: recreate the symlink
                 args += ["--symlink", os.readlink(top), top]
@@ -278,6 +398,8 @@ class LocalExecutor:
                 args += ["--ro-bind", top, top]
         for path in self.config.ro_paths:
             args += ["--ro-bind-try", path, path]
+        for path in self._masks():
+            args += ["--perms", "0555", "--size", "4096", "--tmpfs", path, "--remount-ro", path]
         return args + ["--proc", "/proc", "--dev", "/dev"]
 
     def _rlimits(self, limits: Limits) -> dict[str, tuple[int, int]]:
@@ -341,11 +463,29 @@ class LocalExecutor:
         limits = resolve_limits(limits)
         uid = self._uids.acquire() if self._uids else None
         try:
+            if uid is not None:
+                _kill_uid(uid)  # leftovers of a grading process that died holding this uid
             work = WorkDir(
-                script, inputs, outputs, owner=None if uid is None else (uid, uid), base_dir=self.config.work_base
+                script,
+                inputs,
+                outputs,
+                owner=None if uid is None else (uid, uid),
+                base_dir=self.config.work_base,
+                quota_bytes=limits.work_quota if self.config.work_quota else None,
             )
             try:
-                result = self._supervise(work, limits, uid)
+                cg = (
+                    _cgroup.RunCgroup.create(
+                        limits.memory_bytes + CGROUP_HEADROOM, limits.max_processes + _OVERHEAD_PROCS[self.sandboxed]
+                    )
+                    if self._cgroups
+                    else None
+                )
+                try:
+                    result = self._supervise(work, limits, uid, cg)
+                finally:
+                    if cg is not None:
+                        cg.remove()
                 files, oversized = work.read_outputs_checked(limits.read_cap)
             finally:
                 work.cleanup()
@@ -354,8 +494,17 @@ class LocalExecutor:
                 self._uids.release(uid)
         return ExecutionResult(**{**result, "files": files, "oversized_files": oversized})
 
-    def _supervise(self, work: WorkDir, limits: Limits, uid: int | None) -> dict:
+    def _supervise(self, work: WorkDir, limits: Limits, uid: int | None, cg: _cgroup.RunCgroup | None) -> dict:
         report_r, report_w = os.pipe()
+        go_r, go_w = os.pipe()
+        opts = {
+            "rlimits": self._rlimits(limits),
+            "report_fd": report_w,
+            "sweep": uid is not None,
+            "go_fd": go_r,
+            "wall_seconds": limits.wall_seconds + LAUNCHER_WALL_GRACE,
+            "parent_pid": os.getpid(),
+        }
         start = time.monotonic()
         try:
             proc = subprocess.Popen(
@@ -365,13 +514,13 @@ class LocalExecutor:
                     "-I",
                     "-c",
                     LAUNCHER_SOURCE,
-                    json.dumps({"rlimits": self._rlimits(limits), "report_fd": report_w, "sweep": uid is not None}),
+                    json.dumps(opts),
                     *self._command(str(work.path), limits),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=[report_w],
+                pass_fds=[report_w, go_r],
                 cwd="/" if self.sandboxed else str(work.path),
                 env=dict(self.config.env),
                 start_new_session=True,
@@ -379,30 +528,55 @@ class LocalExecutor:
             )
         except BaseException:
             os.close(report_r)
+            os.close(go_w)
             raise
         finally:
             os.close(report_w)
+            os.close(go_r)
+        try:
+            if cg is not None:
+                cg.attach(proc.pid)  # before the go byte: the script is born inside the group
+            os.write(go_w, b"1")
+        except OSError as e:  # the launcher died before starting anything
+            log.warning("wmrl sandbox: could not start the run: %r", e)
+        finally:
+            os.close(go_w)
         with os.fdopen(report_r, "rb") as report:
-            killed, out, err = self._pump(proc, limits, start)
+            killed, out, err = self._pump(proc, limits, start, cg)
             wall = time.monotonic() - start
             raw = report.read()
-        if not raw:  # the launcher itself died: nothing is known about the script's exit
+        cg_cpu = cg.cpu_seconds() if cg is not None else None
+        cg_peak = cg.peak_memory() if cg is not None else None
+        oom = cg.oom_kills() if cg is not None else 0
+        try:
+            rep = json.loads(raw) if raw else None
+        except ValueError:
+            rep = None
+        if rep is None:  # the launcher itself died: nothing is known about the script's exit
             return dict(
                 status=killed[0] if killed else "error",
                 returncode=None,
                 stdout_tail=out.text(),
                 stderr_tail=err.text(),
                 wall_seconds=wall,
-                cpu_seconds=None,
-                peak_rss_bytes=None,
+                cpu_seconds=cg_cpu,
+                peak_rss_bytes=cg_peak,
                 backend=self.backend,
                 reason=killed[1] if killed else f"sandbox launcher failed (exit {proc.returncode})",
             )
-        rep = json.loads(raw)
         returncode = os.waitstatus_to_exitcode(rep["status"])
         if self.sandboxed and returncode > 128 and returncode - 128 < signal.NSIG:
             returncode = -(returncode - 128)  # bwrap reports a signal death as 128 + signo
         cpu = rep["utime"] + rep["stime"]
+        if cg_cpu is not None:
+            cpu = max(cpu, cg_cpu)  # the group also counts children nobody waited for
+        if killed is None and rep.get("wall_killed"):
+            killed = ("timeout", f"wall time limit of {limits.wall_seconds:g} s exceeded")
+        if killed is None and oom and returncode != 0:
+            killed = (
+                "killed_memory",
+                f"memory limit of {limits.memory_bytes} bytes exceeded (all memory of the run, incl. shared; OOM-killed)",
+            )
         status, reason = killed or classify_exit(returncode, err.text(), cpu, limits)
         return dict(
             status=status,
@@ -411,16 +585,17 @@ class LocalExecutor:
             stderr_tail=err.text(),
             wall_seconds=wall,
             cpu_seconds=cpu,
-            peak_rss_bytes=rep["maxrss_kb"] * 1024,
+            peak_rss_bytes=cg_peak if cg_peak is not None else rep["maxrss_kb"] * 1024,
             backend=self.backend,
             reason=reason,
         )
 
     @staticmethod
     def _pump(
-        proc: subprocess.Popen, limits: Limits, start: float
+        proc: subprocess.Popen, limits: Limits, start: float, cg: _cgroup.RunCgroup | None = None
     ) -> tuple[tuple[str, str] | None, OutputTail, OutputTail]:
-        """Collect output until the launcher exits; kill on the wall deadline or the output cap."""
+        """Collect output until the launcher exits; kill on the wall deadline, the output
+        cap, or (with a cgroup) when all processes of the run together used up the CPU budget."""
         assert proc.stdout is not None and proc.stderr is not None  # started with stdout/stderr=PIPE
         out, err = OutputTail(limits.tail_bytes), OutputTail(limits.tail_bytes)
         killed: tuple[str, str] | None = None
@@ -440,6 +615,15 @@ class LocalExecutor:
                     if not exited:
                         killed = ("timeout", f"wall time limit of {limits.wall_seconds:g} s exceeded")
                     break
+                if cg is not None and not exited:
+                    used = cg.cpu_seconds()
+                    if used is not None and used >= limits.cpu_seconds:
+                        killed = (
+                            "timeout",
+                            f"CPU time limit of {limits.cpu_seconds:g} s exceeded (all processes of the run together)",
+                        )
+                        break
+                    remaining = min(remaining, 0.1)  # poll the group's CPU counter
                 for key, _ in sel.select(remaining):
                     if key.data is None:
                         exited = True
