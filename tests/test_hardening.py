@@ -9,9 +9,15 @@ hidden answers, wall limit inside the sandbox, cgroup limits, bring-your-own tab
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
-from sandbox_helpers import SMALL, TEST_UIDS, local_executor  # noqa: F401
+from sandbox_helpers import SMALL, TEST_UIDS, local_executor, public_tmp  # noqa: F401
 
 from wmrl_envs.autoresearch.grading import (
     FEEDBACK_MAX_CHARS,
@@ -21,7 +27,10 @@ from wmrl_envs.autoresearch.grading import (
     read_submission,
 )
 from wmrl_envs.autoresearch.tasks import get_task
-from wmrl_envs.sandbox import ExecutionResult
+from wmrl_envs.sandbox import ExecutionResult, LocalExecutor
+from wmrl_envs.sandbox.cgroup import available as cgroup_available
+from wmrl_envs.sandbox.local import LAUNCHER_SOURCE
+from wmrl_envs.sandbox.workfs import remove_tree
 
 GRADE = dataclasses.replace(SMALL, max_file_bytes=32 << 20, wall_seconds=20, cpu_seconds=10)
 
@@ -107,3 +116,239 @@ def test_grader_peak_rss_is_bounded_on_maximal_submissions():
         assert row["status"] == "no_submission"
         assert row["peak_rss"] <= 256 << 20, row
         assert row["peak_rss"] - row["baseline_rss"] <= 64 << 20, row
+
+
+# ---------------------------------------------------------------------------- cleanup and quota
+@pytest.fixture
+def work_base():
+    """A world-traversable work base of this test alone (to see exactly what a run leaves)."""
+    d = tempfile.mkdtemp(prefix="wmrl-hardening-")
+    os.chmod(d, 0o755)
+    yield d
+    remove_tree(d)
+
+
+DEEP_TREE = """
+import os
+for i in range(1500):
+    os.mkdir("d")
+    os.chdir("d")
+open("payload", "wb").write(b"x" * 1000)
+os.chmod(".", 0)
+"""
+
+
+def test_deep_tree_cannot_defeat_cleanup(work_base):
+    ex = LocalExecutor(TEST_UIDS, work_base=work_base)
+    r = ex.run(DEEP_TREE, limits=dataclasses.replace(SMALL, wall_seconds=60, cpu_seconds=30))
+    assert r.status == "ok", r.stderr_tail
+    assert os.listdir(work_base) == []  # nothing left on the host, no exception escaped
+
+
+def test_deep_tree_removal_without_tmpfs(work_base):
+    # the fallback path (no quota mount): the fd-based flat removal does the work
+    ex = LocalExecutor(TEST_UIDS, work_base=work_base, work_quota=False)
+    r = ex.run(DEEP_TREE, limits=dataclasses.replace(SMALL, wall_seconds=60, cpu_seconds=30))
+    assert r.status == "ok", r.stderr_tail
+    assert os.listdir(work_base) == []
+
+
+def test_work_dir_quota_caps_total_writes(work_base):
+    ex = LocalExecutor(TEST_UIDS, work_base=work_base)
+    script = (
+        "import errno\n"
+        "for i in range(64):\n"
+        "    try:\n"
+        "        open(f'f{i}', 'wb').write(b'x' * (4 << 20))\n"
+        "    except OSError as e:\n"
+        "        print('stopped', i, errno.errorcode[e.errno]); break\n"
+    )
+    r = ex.run(script, limits=dataclasses.replace(SMALL, max_work_bytes=16 << 20))
+    assert r.status == "ok" and r.stdout_tail.startswith("stopped 4 ENOSPC"), r.stdout_tail
+    assert os.listdir(work_base) == []
+
+
+# ---------------------------------------------------------------------------- strict, answers
+def test_catalog_private_dir_is_root_only_after_load(task):
+    mode = (task.private_dir).stat().st_mode
+    assert mode & 0o077 == 0, oct(mode)
+
+
+def test_answers_unreadable_even_with_the_unsafe_opt_out(task, monkeypatch):
+    ex = LocalExecutor(TEST_UIDS, bwrap="/nonexistent/bwrap", unsafe_no_isolation=True)
+    answers = task.private_dir / "answers.csv"
+    r = ex.run(f"print(open({str(answers)!r}).read()[:20])", limits=SMALL)
+    assert r.status == "error" and "PermissionError" in r.stderr_tail
+
+
+def test_only_the_python_runtime_is_mounted(local_executor):  # noqa: F811
+    probe = (
+        "import os\n"
+        "print(sorted(os.listdir('/usr')), os.path.exists('/usr/bin/sh'), os.path.exists('/usr/share/doc'),"
+        " os.path.exists('/usr/sbin'))"
+    )
+    r = local_executor.run(probe, limits=SMALL)
+    assert r.status == "ok", r.stderr_tail
+    assert r.stdout_tail.strip() == "['bin', 'lib', 'lib64', 'local', 'share'] False False False"
+
+
+def test_hidden_paths_under_a_visible_mount_are_masked():
+    # outside /tmp (the sandbox has its own /tmp): like a system-wide install under /usr
+    root = Path(tempfile.mkdtemp(prefix="wmrl-hardening-", dir="/var/tmp"))
+    try:
+        private = root / "pkg" / "private"
+        private.mkdir(parents=True)
+        (private / "answers.csv").write_text("id,y\n0,SECRET\n")
+        for d in (root, root / "pkg", private):
+            os.chmod(d, 0o755)
+        os.chmod(private / "answers.csv", 0o644)
+        visible = LocalExecutor(TEST_UIDS, ro_paths=[str(root / "pkg")])
+        probe = f"import os\nprint(os.listdir({str(private)!r}))"
+        assert "answers.csv" in visible.run(probe, limits=SMALL).stdout_tail  # the control: visible unmasked
+        masked = LocalExecutor(TEST_UIDS, ro_paths=[str(root / "pkg")], hidden_paths=[str(private)])
+        r = masked.run(probe, limits=SMALL)
+        assert r.status == "ok" and r.stdout_tail.strip() == "[]", (r.stdout_tail, r.stderr_tail)
+    finally:
+        remove_tree(root)
+
+
+# ---------------------------------------------------------------------------- cgroup limits
+needs_cgroups = pytest.mark.skipif(not cgroup_available(), reason="cgroups not writable here")
+
+SHARED_MAPPING = """
+import mmap
+m = mmap.mmap(-1, 768 << 20, flags=mmap.MAP_SHARED)
+for i in range(0, len(m), 4096):
+    m[i] = 1
+print("held 768 MiB of shared memory")
+"""
+
+
+@needs_cgroups
+def test_shared_memory_is_capped(local_executor):  # noqa: F811
+    r = local_executor.run(SHARED_MAPPING, limits=dataclasses.replace(SMALL, wall_seconds=30, cpu_seconds=20))
+    assert r.status == "killed_memory", (r.status, r.stdout_tail, r.reason)
+    assert "held" not in r.stdout_tail
+    assert r.peak_rss_bytes is not None and r.peak_rss_bytes <= SMALL.memory_bytes + (64 << 20)
+
+
+MEMFD = """
+import mmap, os
+fd = os.memfd_create("hog")
+os.ftruncate(fd, 768 << 20)
+m = mmap.mmap(fd, 768 << 20)
+for i in range(0, len(m), 4096):
+    m[i] = 1
+print("held 768 MiB of memfd")
+"""
+
+
+@needs_cgroups
+def test_memfd_is_capped(local_executor):  # noqa: F811
+    r = local_executor.run(MEMFD, limits=dataclasses.replace(SMALL, wall_seconds=30, cpu_seconds=20))
+    assert r.status in ("killed_memory", "killed_limit"), (r.status, r.stdout_tail, r.reason)
+    assert "held" not in r.stdout_tail
+
+
+UNWAITED_SPINNERS = """
+import os, time
+for _ in range(6):
+    if os.fork() == 0:
+        t = time.process_time()
+        while time.process_time() - t < 1.5:
+            pass
+        os._exit(0)
+time.sleep(8)   # never waits: the children's CPU never reaches this process's rusage
+print("done")
+"""
+
+
+@needs_cgroups
+def test_cpu_of_unwaited_children_counts(local_executor):  # noqa: F811
+    r = local_executor.run(UNWAITED_SPINNERS, limits=dataclasses.replace(SMALL, wall_seconds=30, cpu_seconds=2))
+    assert r.status == "timeout" and "all processes of the run together" in r.reason, (r.status, r.reason)
+    assert "done" not in r.stdout_tail
+
+
+NESTED_USERNS = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+rc = libc.unshare(0x10000000)  # CLONE_NEWUSER
+print("unshare", rc, os.strerror(ctypes.get_errno()) if rc else "ALLOWED")
+"""
+
+
+def test_nested_user_namespaces_are_refused(local_executor):  # noqa: F811
+    r = local_executor.run(NESTED_USERNS, limits=SMALL)
+    assert r.status == "ok" and r.stdout_tail.startswith("unshare -1"), r.stdout_tail
+
+
+# ---------------------------------------------------------------------------- a grader that dies
+DIE_CHILD = """
+import sys, time
+from wmrl_envs.sandbox import LocalExecutor, Limits
+from wmrl_envs.sandbox.local import LocalConfig
+ex = LocalExecutor(LocalConfig(uid_base=int(sys.argv[1]), uid_count=2), work_base=sys.argv[2])
+print("ready", flush=True)
+ex.run("import time\\nprint('started', flush=True)\\ntime.sleep(120)", limits=Limits(wall_seconds=120, cpu_seconds=120))
+"""
+
+
+def _uid_processes(uids) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid in uids:
+                    out.append(int(entry))
+            except OSError:
+                continue
+    return out
+
+
+def test_sigkill_of_the_grader_leaves_nothing_running(work_base):
+    uid_base = TEST_UIDS.uid_base + TEST_UIDS.uid_count + 4  # a range no other test uses
+    uids = range(uid_base, uid_base + 2)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DIE_CHILD, str(uid_base), work_base], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 30
+        while not _uid_processes(uids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)
+        assert _uid_processes(uids), "the sandbox never started"
+        assert os.listdir(work_base), "the run has a work dir"
+        proc.kill()  # SIGKILL: no finally, no cleanup in the grader
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while _uid_processes(uids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _uid_processes(uids) == [], "the sandbox outlived its grader"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # the next executor on this work base removes what the dead grader left (work dir + cgroup)
+    LocalExecutor(TEST_UIDS, work_base=work_base)
+    assert os.listdir(work_base) == []
+    assert not [g for g in _run_groups() if g.startswith(f"{proc.pid}-")]
+
+
+def _run_groups() -> list[str]:
+    from wmrl_envs.sandbox.cgroup import _group_bases
+
+    names: list[str] = []
+    for base in _group_bases().values():
+        if base.is_dir():
+            names += [d.name for d in base.iterdir() if d.is_dir()]
+    return names
+
+
+def test_launcher_enforces_the_wall_limit_itself():
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        ["/usr/bin/python3", "-S", "-I", "-c", LAUNCHER_SOURCE, '{"wall_seconds": 1}', "/bin/sleep", "30"],
+        timeout=20,
+    )
+    assert proc.returncode == 128 + 9 and time.monotonic() - t0 < 5

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -46,6 +47,7 @@ __all__ = [
     "TASK_TYPES",
     "SUBMISSION_FORMATS",
     "write_task",
+    "protect_private",
     "load_task",
     "catalog_root",
     "list_catalog",
@@ -228,6 +230,22 @@ def _read_csv(path: Path) -> pd.DataFrame:
     return pd.read_csv(path, low_memory=False)
 
 
+def protect_private(private: Path) -> None:
+    """Make a task's ``private/`` directory root-only (0700) when this process owns it.
+
+    Git and wheels do not carry directory modes, so a checkout or an install leaves
+    ``private/`` world-readable; any uid that can reach the path (a sandbox run without
+    isolation, another local user) could then copy the answers. Without ownership nothing
+    changes (the sandbox's mount namespace still hides the directory).
+    """
+    try:
+        st = private.stat()
+        if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+            os.chmod(private, 0o700)
+    except OSError:  # missing (a task being written) or read-only file system: nothing to do
+        pass
+
+
 @functools.cache
 def load_task(path: str | Path) -> Task:
     """Load the task in directory ``path`` (cached per path)."""
@@ -235,6 +253,7 @@ def load_task(path: str | Path) -> Task:
     meta_path = root / "task.json"
     if not meta_path.is_file():
         raise FileNotFoundError(f"{root} is not an AutoResearch task directory: {meta_path} is missing")
+    protect_private(root / "private")
     d = json.loads(meta_path.read_text())
     d["classes"] = tuple(d["classes"]) if d.get("classes") is not None else None
     if d.get("tier") is None and d.get("origin") == "catalog":
@@ -424,6 +443,7 @@ def write_task(
     pub, priv = task.public_dir, task.private_dir
     pub.mkdir(parents=True, exist_ok=True)
     priv.mkdir(parents=True, exist_ok=True)
+    os.chmod(priv, 0o700)  # the answers: readable by the grader only
     features = [c for c in train.columns if c not in (id_column, target)]
     train[[id_column, *features, target]].to_csv(pub / "train.csv", index=False)
     test[[id_column, *features]].to_csv(pub / "test.csv", index=False)

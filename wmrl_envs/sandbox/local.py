@@ -124,8 +124,9 @@ class LocalConfig:
             enabled by ``$WMRL_SANDBOX_UNSAFE_NO_ISOLATION=1``.
         mount_usr: mount all of ``/usr`` (the old behaviour) instead of only the Python
             runtime the script needs.
-        hidden_paths: host paths masked by an empty read-only tmpfs inside the sandbox
-            (added to this package's own directory, which is always masked when visible).
+        hidden_paths: host directories masked by an empty read-only tmpfs inside the sandbox
+            when they lie under a mounted path (added to this package's own directory,
+            which is always masked when visible).
         cgroups: put each run in its own cgroup (memory incl. shared memory, pids, CPU of
             all descendants) where ``/sys/fs/cgroup`` is writable.
         disable_userns: forbid nested user namespaces inside the sandbox
@@ -378,7 +379,8 @@ class LocalExecutor:
         out = []
         for p in [package, *self.config.hidden_paths]:
             rp = os.path.realpath(p)
-            if os.path.isdir(rp) and any(rp == m or rp.startswith(m.rstrip("/") + "/") for m in self._runtime):
+            visible = [*self._runtime, *self.config.ro_paths]
+            if os.path.isdir(rp) and any(rp == m or rp.startswith(m.rstrip("/") + "/") for m in visible):
                 out.append(rp)
         return out
 
