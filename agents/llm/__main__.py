@@ -18,18 +18,38 @@ Stacks (:func:`wrappers.build_stack`): ``real`` (plain GRPO on real execution), 
 world model), ``wmrl`` (``Calibration(Anchor(WorldModel(env)))``). Evaluation always executes
 for real. ``train --evaluate true`` evaluates before and after training and writes
 ``eval_before.json`` / ``eval_after.json`` next to the metrics.
+
+Names, paths and choices are checked before any model loads (:mod:`agents.llm.checks`); a
+mistake ends the command with one line on stderr and exit status 2. Checkpoints describe
+themselves: ``trainer.json`` records the step, the trainer config and the run's setup
+(policy, LoRA, stack, scaffold, world model, ...). ``train`` into an existing output directory
+resumes: it prints the step it resumes from and every setting that changed, and refuses a
+changed policy, LoRA, stack or world model. ``evaluate --checkpoint`` takes a run directory or
+its ``checkpoint/`` and reuses the saved policy, LoRA, scaffold and turns unless given.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from agents.llm.checks import (
+    UsageError,
+    check_choice,
+    check_policy,
+    check_tasks,
+    check_world_model,
+    resolve_checkpoint,
+    saved_setup,
+)
 
 __all__ = ["AgentSetup", "TrainRun", "EvalRun", "EvalConfig", "main"]
 
@@ -94,8 +114,9 @@ class EvalRun(AgentSetup):
     """What ``evaluate`` loads.
 
     Attributes:
-        checkpoint: a trainer checkpoint (or a directory holding ``policy.pt``) whose weights
-            are loaded into the policy (none = the policy as loaded).
+        checkpoint: a run directory of ``train`` (its ``--output-dir``) or its ``checkpoint/``;
+            its weights are loaded, and its saved policy, LoRA, scaffold and turns are used
+            unless given (none = the policy as loaded).
         json: also write the result to this file.
     """
 
@@ -135,34 +156,134 @@ def _evaluate(policy: Any, scaffold: Any, setup: AgentSetup, cfg: EvalConfig) ->
     return result.to_dict()
 
 
+def _round(value: Any) -> str:
+    return "n/a" if value is None else f"{float(value):.3f}"
+
+
 def _print_eval(label: str, d: dict[str, Any]) -> None:
-    mean = "n/a" if d["mean"] is None else f"{d['mean']:.4f}"
+    by_category = ", ".join(f"{k} {_round(v)}" for k, v in (d.get("by_category") or {}).items())
     print(
-        f"[{label}] avg@k = {mean}  valid rate = {d['valid_rate']}  by category = {d['by_category']}  ({d['seconds']:.0f} s)",
+        f"[{label}] avg@k = {_round(d['mean'])}  valid rate = {_round(d['valid_rate'])}  "
+        f"by category: {by_category or 'n/a'}  ({d['seconds']:.0f} s)",
         flush=True,
     )
 
 
+#: Settings a resumed run must keep: the checkpoint's weights and stack state depend on them.
+INCOMPATIBLE = ("policy", "lora", "stack")
+#: Settings whose change on resume is expected and not worth a notice.
+QUIET = ("total_steps", "threads", "progress", "tensorboard", "evaluate", "checkpoint_every", "warm_start_steps")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _same(a: Any, b: Any) -> bool:
+    return (list(a) if isinstance(a, (list, tuple)) else a) == (list(b) if isinstance(b, (list, tuple)) else b)
+
+
+def _changes(saved: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """``(flag name, saved, now)`` for every setting present in both that differs."""
+    out = []
+    for key, value in now.items():
+        if key not in saved or key in QUIET:
+            continue
+        old = saved[key]
+        if isinstance(value, dict) and isinstance(old, dict):
+            out += _changes(old, value, prefix=f"{prefix}{key}_")
+        elif not _same(old, value):
+            out.append((prefix + key, old, value))
+    return out
+
+
+def _check_resume(checkpoint: Path, setup: dict[str, Any], grpo: Any) -> int | None:
+    """The step a run resumes from (``None``: nothing to resume), after refusing
+    incompatible changes and printing the others."""
+    saved = saved_setup(checkpoint)
+    if not saved:
+        return None
+    step = int(saved.get("step", 0))
+    before = saved.get("setup") or {}
+    incompatible = [*INCOMPATIBLE, *(("world_model",) if setup.get("stack") != "real" else ())]
+    for name in incompatible:
+        if name in before and not _same(before[name], setup.get(name)):
+            raise UsageError(
+                f"{checkpoint} was trained with {_flag(name)} {before[name]!r}, this run asks for {setup.get(name)!r}: "
+                f"resume with {_flag(name)} {before[name]!r}, or pass a new --output-dir to start afresh"
+            )
+    print(f"resuming from step {step} of {grpo.total_steps} ({checkpoint})", flush=True)
+    changed = _changes(before, setup) + _changes(saved.get("config") or {}, dataclasses.asdict(grpo))
+    if changed:
+        print(
+            "changed since the checkpoint: " + ", ".join(f"{_flag(k)} {old!r} -> {new!r}" for k, old, new in changed),
+            flush=True,
+        )
+    if not before:
+        print("(the checkpoint predates recorded setups: its policy, stack and scaffold are not checked)", flush=True)
+    return step
+
+
+def _check_train(run: TrainRun, grpo: Any, cfg: EvalConfig) -> None:
+    from agents.llm.scaffolds import SCAFFOLDS
+    from wrappers import STACKS
+
+    check_policy(run.policy)
+    check_choice("--scaffold", run.scaffold, sorted(SCAFFOLDS))
+    check_choice("--stack", run.stack, STACKS)
+    if run.stack != "real":
+        check_world_model(run.world_model)
+    check_tasks(run.tasks, split="train", flag="--tasks")
+    check_tasks(cfg.tasks, split="test", flag="--eval-tasks")
+    if grpo.output_dir is None:
+        raise UsageError("train needs --output-dir DIR (metrics, checkpoints and TensorBoard logs go there)")
+
+
+def _load_policy(spec: str, **kwargs: Any) -> Any:
+    from agents.llm.loading import load_policy
+
+    try:
+        return load_policy(spec, **kwargs)
+    except OSError as err:  # transformers: no such model, no network; the first line says which
+        raise UsageError(f"--policy {spec!r} could not be loaded: {str(err).strip().splitlines()[0]}") from err
+    except ValueError as err:  # a checkpoint saved from another policy (load_policy_weights)
+        raise UsageError(str(err)) from err
+
+
 def cmd_train(run: TrainRun, grpo: Any, calibration: Any, cfg: EvalConfig) -> int:
+    _check_train(run, grpo, cfg)
+    out = Path(grpo.output_dir)
+    setup = {**dataclasses.asdict(run), "calibration": dataclasses.asdict(calibration)}
+    resumed = _check_resume(out / "checkpoint", setup, grpo)
+    if resumed is not None and resumed >= grpo.total_steps:
+        print(
+            f"nothing to train: the checkpoint is at step {resumed} and --total-steps is {grpo.total_steps}; "
+            "raise --total-steps to continue",
+            flush=True,
+        )
+        return 0
+
     import torch
 
     import wmrl_envs  # noqa: F401  (registers the env ids)
-    from agents.llm.loading import load_policy, load_world_model, warm_start_plans
+    from agents.llm.loading import load_world_model, warm_start_plans
     from agents.llm.scaffolds import make_scaffold
     from agents.llm.trainer import train
     from wmrl_envs.autoresearch.tasks import list_catalog
     from wmrl_envs.vector import make_vector_env
     from wrappers import build_stack
 
-    if grpo.output_dir is None:
-        raise ValueError("train needs --output-dir (metrics, checkpoints and evaluations go there)")
     torch.set_num_threads(run.threads)
-    out = Path(grpo.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    print(
+        f"writing to {out}: metrics.jsonl, checkpoint/"
+        + (f", TensorBoard events (view: tensorboard --logdir {out / 'tb'})" if grpo.tensorboard else ""),
+        flush=True,
+    )
     tasks = list(run.tasks or list_catalog("train"))
-    policy = load_policy(run.policy, lora=run.lora, seed=grpo.seed)
+    policy = _load_policy(run.policy, lora=run.lora, seed=grpo.seed)
     scaffold = make_scaffold(run.scaffold)
-    if run.warm_start_steps and not (out / "checkpoint").exists():
+    if run.warm_start_steps and resumed is None:
         losses = warm_start_plans(
             policy,
             tasks,
@@ -185,13 +306,21 @@ def cmd_train(run: TrainRun, grpo: Any, calibration: Any, cfg: EvalConfig) -> in
     )  # fmt: skip
     t0 = time.perf_counter()
     try:
-        result = train(policy, stack, scaffold, grpo, tasks=tasks, resume=True)
+        result = train(policy, stack, scaffold, grpo, tasks=tasks, resume=True, run_info=setup)
     finally:
         stack.close()
+    ran = result.last_step - result.start_step
     print(
-        f"trained {len(result.history)} steps in {time.perf_counter() - t0:.0f} s; metrics in {out / 'metrics.jsonl'}",
+        f"trained {ran} steps (step {result.start_step} -> {result.last_step}) in {time.perf_counter() - t0:.0f} s; "
+        f"metrics in {out / 'metrics.jsonl'}",
         flush=True,
     )
+    if ran and result.steps_without_signal == ran:
+        print(
+            f"warning: none of the {ran} steps had a group with a learning signal: the policy did not change",
+            file=sys.stderr,
+            flush=True,
+        )
     if run.evaluate:
         after = _evaluate(policy, scaffold, run, cfg)
         (out / "eval_after.json").write_text(json.dumps(after, indent=1, default=str))
@@ -199,15 +328,53 @@ def cmd_train(run: TrainRun, grpo: Any, calibration: Any, cfg: EvalConfig) -> in
     return 0
 
 
-def cmd_evaluate(run: EvalRun, cfg: EvalConfig) -> int:
+#: What ``evaluate`` takes from a checkpoint's recorded setup unless given.
+REUSED = ("policy", "lora", "scaffold", "max_turns")
+
+
+def _adopt_checkpoint_setup(run: EvalRun, explicit: set[str]) -> None:
+    """Resolve ``run.checkpoint`` (a run directory or a checkpoint) and take the settings it
+    recorded that the user did not give; a given policy or LoRA that differs is refused."""
+    if run.checkpoint is None:
+        return
+    checkpoint = resolve_checkpoint(run.checkpoint)
+    run.checkpoint = str(checkpoint)
+    saved = saved_setup(checkpoint)
+    before = saved.get("setup") or {}
+    for name in REUSED:
+        if name not in before:
+            continue
+        if name not in explicit:
+            setattr(run, name, before[name])
+        elif not _same(before[name], getattr(run, name)):
+            if name in ("policy", "lora"):
+                raise UsageError(
+                    f"{checkpoint} was trained with {_flag(name)} {before[name]!r}, not {getattr(run, name)!r}: "
+                    f"drop {_flag(name)} to use the saved one"
+                )
+            print(
+                f"note: {checkpoint} was trained with {_flag(name)} {before[name]!r}; evaluating with {getattr(run, name)!r}"
+            )
+    step = f"step {saved['step']}; " if "step" in saved else ""
+    recorded = "" if before else "; no recorded setup, so the flags' policy"
+    print(f"evaluating {checkpoint} ({step}policy {run.policy}, scaffold {run.scaffold}{recorded})", flush=True)
+
+
+def cmd_evaluate(run: EvalRun, cfg: EvalConfig, explicit: set[str] | None = None) -> int:
+    from agents.llm.scaffolds import SCAFFOLDS
+
+    _adopt_checkpoint_setup(run, explicit or set())
+    check_policy(run.policy)
+    check_choice("--scaffold", run.scaffold, sorted(SCAFFOLDS))
+    check_tasks(cfg.tasks, split="test", flag="--tasks")
+
     import torch
 
     import wmrl_envs  # noqa: F401  (registers the env ids)
-    from agents.llm.loading import load_policy
     from agents.llm.scaffolds import make_scaffold
 
     torch.set_num_threads(run.threads)
-    policy = load_policy(run.policy, checkpoint=run.checkpoint, lora=run.lora)
+    policy = _load_policy(run.policy, checkpoint=run.checkpoint, lora=run.lora)
     result = _evaluate(policy, make_scaffold(run.scaffold), run, cfg)
     if run.json:
         Path(run.json).write_text(json.dumps(result, indent=1, default=str))
@@ -244,6 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         values = load_config_file(args.config) if args.config else {}
+        explicit = set(values) | {k[len("cfg_") :] for k in vars(args) if k.startswith("cfg_")}
         tables = {k: values.pop(k) for k in ("calibration", "eval") if isinstance(values.get(k), dict)}
         if args.command == "train":
             run_fields = {k: values.pop(k) for k in list(values) if k in TrainRun.__dataclass_fields__}
@@ -258,9 +426,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, TypeError) as err:
         print(f"python -m agents.llm {args.command}: bad configuration: {err}", file=sys.stderr)
         return 2
-    if args.command == "train":
-        return cmd_train(run, grpo, calibration, cfg)
-    return cmd_evaluate(erun, cfg)
+    warnings.formatwarning = _one_line_warning
+    try:
+        if args.command == "train":
+            return cmd_train(run, grpo, calibration, cfg)
+        return cmd_evaluate(erun, cfg, explicit)
+    except UsageError as err:
+        print(f"python -m agents.llm {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+def _one_line_warning(message: Any, category: type, filename: str, lineno: int, line: str | None = None) -> str:
+    # The trainer's warnings are meant for the person running the command, not a traceback.
+    return f"warning ({category.__name__}): {message}\n"
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ Used by the agent's CLI (``python -m agents.llm``) and by every benchmark.
 * :func:`load_policy` — ``"default"`` (SmolLM2-135M-Instruct, offline), ``"tiny"`` (a random
   from-config model), ``"tiny-plan"`` (tiny, warm-started on demonstration plans), or any
   Hugging Face name / local path; optionally with a trainer checkpoint's weights.
+* :func:`load_policy_weights` — a checkpoint's ``policy.pt`` into a policy, refused with one
+  line when it was saved from another policy (other model, LoRA or not).
 * :func:`warm_start_plans` — the supervised warm start on :data:`WARM_START_REPLIES`.
 * :func:`load_world_model` — ``"default"`` (the shipped :class:`CodeOutcomeModel`) or a
   saved model directory.
@@ -18,7 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["POLICIES", "WARM_START_REPLIES", "load_policy", "warm_start_plans", "load_world_model"]
+__all__ = [
+    "POLICIES",
+    "WARM_START_REPLIES",
+    "load_policy",
+    "load_policy_weights",
+    "warm_start_plans",
+    "load_world_model",
+]
 
 #: Named policies of :func:`load_policy` (anything else is a model name or path).
 POLICIES = ("default", "tiny", "tiny-plan")
@@ -71,20 +80,21 @@ def load_policy(
 
     Args:
         spec: one of :data:`POLICIES`, or a Hugging Face model name / local path.
-        checkpoint: a trainer checkpoint directory (or a directory holding ``policy.pt``)
-            whose trainable weights are loaded.
+        checkpoint: a trainer checkpoint directory (or a directory holding ``policy.pt``, or
+            a run directory holding ``checkpoint/``) whose trainable weights are loaded.
         lora: train a LoRA adapter instead of all weights.
         seed: initialisation seed of the tiny models.
 
     Raises:
-        FileNotFoundError: ``checkpoint`` holds no ``policy.pt``.
+        FileNotFoundError: ``checkpoint`` holds no ``policy.pt`` (nor ``checkpoint/policy.pt``).
+        ValueError: the checkpoint was saved from another policy (:func:`load_policy_weights`).
     """
-    import torch
-
     from agents.llm.policy import LLMPolicy, LoraSettings
 
     settings = LoraSettings() if lora else None
     file = Path(checkpoint) / "policy.pt" if checkpoint is not None else None
+    if file is not None and not file.is_file() and (file.parent / "checkpoint" / "policy.pt").is_file():
+        file = file.parent / "checkpoint" / "policy.pt"  # a run directory (train --output-dir)
     if file is not None and not file.is_file():  # before the (slow) model load
         raise FileNotFoundError(f"{checkpoint} is not a trainer checkpoint ({file.name} missing)")
     if spec == "default":
@@ -96,9 +106,36 @@ def load_policy(
     else:
         policy = LLMPolicy.from_pretrained(spec, lora=settings)
     if file is not None:
-        policy.load_trainable_state_dict(torch.load(file, weights_only=True))
+        load_policy_weights(policy, file)
         policy.sync_backend()
     return policy
+
+
+def load_policy_weights(policy: Any, file: str | Path) -> None:
+    """Load a checkpoint's trainable weights (``policy.pt``) into ``policy``.
+
+    Raises:
+        ValueError: the file holds another policy's weights (tensor names or shapes differ:
+            another model, or LoRA vs full fine-tuning), in one line that says so.
+    """
+    import torch
+
+    state = torch.load(file, weights_only=True)
+    expected = {n: tuple(p.shape) for n, p in policy.model.named_parameters() if p.requires_grad}
+    missing = [n for n in expected if n not in state]
+    wrong = [n for n in expected if n in state and tuple(state[n].shape) != expected[n]]
+    if missing or wrong:
+
+        def kind(names: Any) -> str:
+            return "LoRA adapter" if any("lora_" in n for n in names) else "full model"
+
+        detail = f"{len(missing)} of its tensors missing" if missing else f"tensor {wrong[0]!r} has another shape"
+        raise ValueError(
+            f"{file} holds another policy's weights ({kind(state)}, {len(state)} tensors; this policy is a "
+            f"{kind(expected)} with {len(expected)} trainable tensors, {detail}): load it with the --policy and "
+            "--lora it was trained with"
+        )
+    policy.load_trainable_state_dict(state)
 
 
 def load_world_model(spec: str = "default") -> Any:

@@ -16,6 +16,13 @@ clipped token loss (:func:`agents.grpo.grpo_loss`). Metrics go to ``metrics.json
 TensorBoard in ``output_dir``; checkpoints hold the policy (or adapter), optimiser, RNG
 states and the wrapper stack's state (anchor pairs, calibration map, weight).
 
+Anchor metrics count two different things: ``anchor/groups`` and ``anchor/realized_fraction``
+are the groups *chosen* as anchors at reset; ``groups/anchor`` the anchor groups that also
+*produced advantages* (>= 2 members graded for real). They differ when anchor members are
+never executed, e.g. every reply malformed (decided for free, without a grading).
+Warnings (:mod:`agents.llm.diagnostics`): steps without any learning signal, and WMRL
+corrections that cannot engage within the run's budget.
+
 Classes: :class:`GRPOConfig`, :class:`TrainResult`, :class:`Callback`, :class:`ExploitationGuard`.
 Functions: :func:`train`, :func:`save_checkpoint`, :func:`load_checkpoint`,
 :func:`step_metrics`, :func:`warm_start`. (Loading a checkpoint's weights for evaluation:
@@ -36,6 +43,7 @@ import math
 import random
 import resource
 import time
+import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,6 +54,13 @@ import torch
 from tqdm.auto import tqdm
 
 from agents.grpo import LOSS_AGGREGATIONS, LossAggregation, group_advantages, grpo_loss
+from agents.llm.diagnostics import (
+    CorrectionsIdleWarning,
+    NoLearningSignalWarning,
+    SignalWatch,
+    anchors_per_step,
+    corrections_budget,
+)
 from agents.llm.policy import LLMPolicy
 from agents.llm.rollout import Episode, PhaseTimer, Rollout
 from agents.llm.scaffolds import Scaffold, TaskSpec
@@ -123,6 +138,8 @@ class GRPOConfig:
         tensorboard: write TensorBoard events (needs ``tensorboard``). Default True.
         progress: show a tqdm bar. Default True.
         idle_action: action for slots whose episode ended while others still run. Default "".
+        no_signal_patience: warn (``NoLearningSignalWarning``) after this many steps in a row
+            in which no group had members with different rewards (0 = never). Default 3.
     """
 
     groups_per_step: int = 4
@@ -149,6 +166,7 @@ class GRPOConfig:
     tensorboard: bool = True
     progress: bool = True
     idle_action: str = ""
+    no_signal_patience: int = 3
 
     def __post_init__(self) -> None:
         positive = ("groups_per_step", "group_size", "max_new_tokens", "ppo_epochs", "micro_batch_size", "total_steps")
@@ -159,8 +177,11 @@ class GRPOConfig:
             raise ValueError(
                 f"GRPOConfig.loss_aggregation must be one of {LOSS_AGGREGATIONS}, got {self.loss_aggregation!r}"
             )
-        if self.learning_rate <= 0 or self.checkpoint_every < 0:
-            raise ValueError("GRPOConfig: learning_rate must be > 0 and checkpoint_every >= 0")
+        if self.learning_rate <= 0 or self.checkpoint_every < 0 or self.no_signal_patience < 0:
+            raise ValueError(
+                "GRPOConfig: learning_rate must be > 0, checkpoint_every and no_signal_patience >= 0, got "
+                f"{self.learning_rate}, {self.checkpoint_every}, {self.no_signal_patience}"
+            )
 
 
 class ExploitationGuard:
@@ -240,10 +261,21 @@ class ExploitationGuard:
 
 @dataclass
 class TrainResult:
-    """What :func:`train` returns: one metrics dict per step run in this call."""
+    """What :func:`train` returns: one metrics dict per step run in this call.
+
+    Attributes:
+        history: one metrics dict per step run in this call.
+        last_step: the step reached (the resumed step when nothing ran).
+        start_step: the step this call started from (> 0 when it resumed).
+        steps_without_signal: steps of this call in which no group carried a learning signal.
+        warnings: the texts of the warnings this call emitted (no signal, idle corrections).
+    """
 
     history: list[dict[str, Any]] = field(default_factory=list)
     last_step: int = 0
+    start_step: int = 0
+    steps_without_signal: int = 0
+    warnings: list[str] = field(default_factory=list)
 
 
 def _mean(xs: Sequence[float]) -> float | None:
@@ -300,22 +332,26 @@ def load_checkpoint(
     path: str | Path, policy: LLMPolicy, optimizer: torch.optim.Optimizer | None, env: Any
 ) -> dict[str, Any]:
     """Restore what :func:`save_checkpoint` wrote; returns ``trainer.json`` (``step``, ...)."""
+    from agents.llm.loading import load_policy_weights
+
     path = Path(path)
     if not (path / "trainer.json").is_file():
         raise FileNotFoundError(f"{path} is not a checkpoint (no trainer.json)")
-    policy.load_trainable_state_dict(torch.load(path / "policy.pt", weights_only=True))
+    wrappers_file = path / "wrappers.json"
+    has_layers = _wrapper_state(env) is not None
+    if wrappers_file.is_file() != has_layers:
+        saved, now = ("a world-model stack", "a bare env") if not has_layers else ("a bare env", "a world-model stack")
+        raise ValueError(
+            f"{path} was saved from {saved} but this env is {now}: resume with the stack it was saved with"
+        )
+    load_policy_weights(policy, path / "policy.pt")
     if optimizer is not None:
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
-    wrappers_file = path / "wrappers.json"
     if wrappers_file.is_file():
         from wrappers import load_stack_state_dict
 
         load_stack_state_dict(env, json.loads(wrappers_file.read_text()))
-    elif _wrapper_state(env) is not None:
-        raise ValueError(
-            f"{path} holds no wrapper state but the env has wmrl wrappers; was it saved from another stack?"
-        )
     return json.loads((path / "trainer.json").read_text())
 
 
@@ -351,8 +387,17 @@ def step_metrics(episodes: Sequence[Episode], anchor_weight: float) -> dict[str,
         "reward/valid_rate": _mean(
             [float(any(getattr(o, "status", None) == "valid" for o in e.outcomes)) for e in episodes]
         ),
+        "reward/malformed_rate": _mean(
+            [
+                float(bool(e.outcomes) and all(getattr(o, "status", None) == "malformed" for o in e.outcomes))
+                for e in episodes
+            ]
+        ),
         "reward/unknown_fraction": 1.0 - len(graded) / len(episodes) if episodes else None,
+        # Anchor groups as decided at reset; `groups/anchor` (set by train) counts only those
+        # that also produced advantages, i.e. had >= 2 members graded for real.
         "anchor/realized_fraction": _mean([float(g[0].anchor) for g in by_group.values()]),
+        "anchor/groups": sum(g[0].anchor for g in by_group.values()),
         "anchor/weight": anchor_weight,
         "calibration/fitted": last.get("calibrated"),
         "calibration/anchor_pairs_total": last.get("anchor_pairs_total"),
@@ -513,6 +558,7 @@ def train(
     tasks: Sequence[str],
     callbacks: Sequence[Callback] = (),
     resume: bool | str | Path = False,
+    run_info: dict[str, Any] | None = None,
 ) -> TrainResult:
     """Train ``policy`` with GRPO on ``env`` (a ``gymnasium.Env`` or ``VectorEnv`` stack).
 
@@ -526,6 +572,14 @@ def train(
         callbacks: called after each step with ``(step, metrics)``; ``True`` stops training.
         resume: ``True`` resumes from ``output_dir/checkpoint`` if present; a path resumes
             from that checkpoint.
+        run_info: what built the run (policy, stack, scaffold, ...), saved in every
+            checkpoint's ``trainer.json`` under ``setup`` so the checkpoint describes itself.
+
+    Warns:
+        NoLearningSignalWarning: ``no_signal_patience`` steps in a row without a group
+            whose members' rewards differ (the updates change nothing).
+        CorrectionsIdleWarning: a calibrated stack whose remaining steps cannot collect the
+            anchor pairs of the first isotonic fit.
 
     Returns:
         :class:`TrainResult` with the per-step metrics of this call.
@@ -566,8 +620,27 @@ def train(
     wm_layer = find_layer(env, (WorldModelWrapper, VectorWorldModelWrapper))
     calibration_layer = find_layer(env, (CalibrationWrapper, VectorCalibrationWrapper))
     logger = _Logger(out_dir, config.tensorboard)
-    result = TrainResult(last_step=start_step)
+    result = TrainResult(last_step=start_step, start_step=start_step)
     anchor_weight = 1.0
+    watch = SignalWatch(min(config.no_signal_patience, max(1, config.total_steps - start_step)))
+    if calibration_layer is not None and anchor_layer is not None and start_step < config.total_steps:
+        cal = calibration_layer.calibrator
+        idle = (
+            None
+            if cal.debiaser.fitted or not (cal.config.debias or cal.config.denoise)
+            else corrections_budget(
+                start_pairs=cal.config.start_pairs,
+                pairs_seen=cal.debiaser.n_seen,
+                steps=config.total_steps - start_step,
+                anchors_per_step=anchors_per_step(
+                    anchor_layer.scheduler.fraction, anchor_layer.scheduler.min_per_step, config.groups_per_step
+                ),
+                group_size=config.group_size,
+            )
+        )
+        if idle is not None:
+            result.warnings.append(idle)
+            warnings.warn(idle, CorrectionsIdleWarning, stacklevel=2)
     bar = tqdm(
         range(start_step, config.total_steps),
         initial=start_step,
@@ -639,12 +712,19 @@ def train(
             logger.log(step + 1, metrics)
             result.history.append({"step": step + 1, **metrics})
             result.last_step = step + 1
+            no_signal = watch.update(step + 1, metrics)
+            if no_signal is not None:
+                result.warnings.append(no_signal)
+                warnings.warn(no_signal, NoLearningSignalWarning, stacklevel=2)
+            result.steps_without_signal = watch.steps_without_signal
             bar.set_postfix(
                 reward=f"{metrics['reward/mean']:.3f}" if metrics["reward/mean"] is not None else "n/a",
                 w=f"{anchor_weight:.2f}",
             )
             done = step + 1 == config.total_steps
             extra = {"config": asdict(config), "real_executions_total": real_total}
+            if run_info is not None:
+                extra["setup"] = run_info
             saved_now = out_dir is not None and (
                 done or (config.checkpoint_every > 0 and (step + 1) % config.checkpoint_every == 0)
             )

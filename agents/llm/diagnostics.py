@@ -1,0 +1,138 @@
+"""Warnings for training runs that look fine and cannot learn.
+
+Two ways a GRPO run does nothing while printing plausible numbers:
+
+* **No learning signal.** A group's advantages are all zero when its members' rewards are
+  equal (every reply malformed, say) and absent when fewer than two members were graded; a
+  step whose groups are all like that leaves the policy unchanged. :class:`SignalWatch` warns
+  (:class:`NoLearningSignalWarning`) after ``patience`` such steps in a row, saying why and
+  what to do.
+* **Corrections that never engage.** WMRL's isotonic map fits only after ``start_pairs``
+  anchor pairs, and the anchor weight stays 1.0 until then (with the default
+  ``weighter_start``), so a run too short to collect them is the raw world model with a few
+  real executions. :func:`corrections_budget` says so before the run starts
+  (:class:`CorrectionsIdleWarning`).
+
+Classes: :class:`NoLearningSignalWarning`, :class:`CorrectionsIdleWarning`,
+:class:`SignalWatch`. Functions: :func:`corrections_budget`, :func:`anchors_per_step`.
+
+>>> watch = SignalWatch(patience=2)
+>>> flat = {"groups/used": 4, "groups/degenerate": 4, "groups/skipped": 0, "reward/malformed_rate": 1.0}
+>>> watch.update(1, flat) is None
+True
+>>> print(watch.update(2, flat))  # doctest: +ELLIPSIS
+no group carried a learning signal in steps 1-2 (8 groups: 8 with identical rewards, 0 with < 2 graded members; replies 100% malformed, ...
+>>> print(corrections_budget(start_pairs=200, pairs_seen=0, steps=3, anchors_per_step=1, group_size=4))  # doctest: +ELLIPSIS
+the corrections will not engage in this run: the first isotonic fit needs 200 anchor pairs (0 so far) ...
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "NoLearningSignalWarning",
+    "CorrectionsIdleWarning",
+    "SignalWatch",
+    "corrections_budget",
+    "anchors_per_step",
+]
+
+
+class NoLearningSignalWarning(UserWarning):
+    """Consecutive training steps in which no group carried a non-zero advantage."""
+
+
+class CorrectionsIdleWarning(UserWarning):
+    """A WMRL run whose budget cannot collect the anchor pairs the corrections need."""
+
+
+def _pct(value: Any) -> str:
+    return "n/a" if value is None else f"{100 * float(value):.0f}%"
+
+
+class SignalWatch:
+    """Counts consecutive steps without a learning signal; :meth:`update` returns the warning
+    text once a streak reaches ``patience`` (then again only after a step with signal).
+
+    Args:
+        patience: steps in a row before warning (0 disables the watch).
+    """
+
+    def __init__(self, patience: int = 3) -> None:
+        if patience < 0:
+            raise ValueError(f"patience must be >= 0, got {patience}")
+        self.patience = patience
+        self.streak: list[Mapping[str, Any]] = []
+        self.first_step: int | None = None
+        self.warned = False
+        self.steps_without_signal = 0
+
+    @staticmethod
+    def has_signal(metrics: Mapping[str, Any]) -> bool:
+        """Whether some group of the step had members with different rewards (non-zero advantages)."""
+        return int(metrics.get("groups/used") or 0) - int(metrics.get("groups/degenerate") or 0) > 0
+
+    def update(self, step: int, metrics: Mapping[str, Any]) -> str | None:
+        if self.has_signal(metrics):
+            self.streak, self.first_step, self.warned = [], None, False
+            return None
+        self.steps_without_signal += 1
+        if not self.streak:
+            self.first_step = step
+        self.streak.append(metrics)
+        if self.patience == 0 or self.warned or len(self.streak) < self.patience:
+            return None
+        self.warned = True
+        return self.message(step)
+
+    def message(self, step: int) -> str:
+        total = lambda key: sum(int(m.get(key) or 0) for m in self.streak)  # noqa: E731
+        used, degenerate, skipped = total("groups/used"), total("groups/degenerate"), total("groups/skipped")
+        last = self.streak[-1]
+        span = f"step {step}" if self.first_step == step else f"steps {self.first_step}-{step}"
+        text = (
+            f"no group carried a learning signal in {span} ({used + skipped} groups: {degenerate} with identical "
+            f"rewards, {skipped} with < 2 graded members; replies {_pct(last.get('reward/malformed_rate'))} malformed, "
+            f"{_pct(last.get('reward/valid_rate'))} valid in the last step), so the updates change nothing"
+        )
+        if (last.get("reward/malformed_rate") or 0.0) >= 0.5:
+            return text + (
+                ". The policy does not write the scaffold's format yet: warm-start it (--warm-start-steps 60, "
+                "or --policy tiny-plan) or use a stronger model"
+            )
+        if skipped >= used:
+            return text + (
+                ". Most outcomes are unknown (grader or world-model failures): check the sandbox / world model"
+            )
+        return text + ": raise --temperature or --group-size so members of a group differ"
+
+
+def anchors_per_step(fraction: float, min_per_step: int, groups_per_step: int) -> float:
+    """Anchor groups an :class:`~wrappers.AnchorScheduler` picks per step, on average."""
+    if fraction <= 0:
+        return 0.0
+    return float(min(groups_per_step, max(min_per_step, fraction * groups_per_step)))
+
+
+def corrections_budget(
+    *, start_pairs: int, pairs_seen: int, steps: int, anchors_per_step: float, group_size: int
+) -> str | None:
+    """The warning text when ``steps`` more steps cannot bring the anchor pairs to
+    ``start_pairs`` (one pair per graded member of an anchor group), else ``None``."""
+    need = start_pairs - pairs_seen
+    if need <= 0:
+        return None
+    expected = steps * anchors_per_step * group_size
+    if expected >= need:
+        return None
+    steps_needed = math.ceil(need / (anchors_per_step * group_size)) if anchors_per_step > 0 else None
+    longer = f"about {steps_needed} steps at this anchor rate" if steps_needed else "anchors (anchor fraction > 0)"
+    return (
+        f"the corrections will not engage in this run: the first isotonic fit needs {start_pairs} anchor pairs "
+        f"({pairs_seen} so far) and {steps} steps x {anchors_per_step:g} anchor groups x {group_size} members give "
+        f"at most {expected:g}; until then the map is the identity and the anchor weight 1.0, so the run trains on "
+        f"raw world-model scores. Train for {longer}, raise the anchor fraction, or lower the calibration start_pairs"
+    )

@@ -1,0 +1,220 @@
+"""A newcomer's first hour (issue 16): one-line errors before anything heavy loads, warnings for
+runs that cannot learn, self-describing checkpoints, and the guards on silent semantic slips."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import agents.llm.__main__ as cli
+import agents.llm.loading as loading
+from agents.llm.checks import UsageError, check_policy, check_tasks, resolve_checkpoint
+from agents.llm.diagnostics import (
+    CorrectionsIdleWarning,
+    NoLearningSignalWarning,
+    SignalWatch,
+    anchors_per_step,
+    corrections_budget,
+)
+
+
+# ------------------------------------------------------------------ CLI: one line, before loading
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Any model load fails the test: the checks must run before it."""
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(loading, "load_policy", boom)
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["train", "--policy", "tinny", "--output-dir", "X"], "--policy 'tinny' is unknown (did you mean 'tiny'?)"),
+        (["train", "--tasks", "titanc", "--output-dir", "X"], "unknown task 'titanc' (did you mean 'titanic'?)"),
+        (
+            ["train", "--tasks", "ames", "--output-dir", "X"],
+            "'ames' is a test-split task but --tasks takes train-split",
+        ),
+        (["train", "--eval-tasks", "titanic", "--output-dir", "X"], "'titanic' is a train-split task"),
+        (["train", "--stack", "wmlr", "--output-dir", "X"], "--stack 'wmlr' is not valid (did you mean 'wmrl'?)"),
+        (
+            ["train", "--scaffold", "code", "--output-dir", "X"],
+            "--scaffold 'code' is not valid; choose one of: plan, raw",
+        ),
+        (["train", "--stack", "wmrl", "--world-model", "/no/such", "--output-dir", "X"], "is not a directory"),
+        (["train", "--policy", "tiny"], "train needs --output-dir"),
+        (["evaluate", "--checkpoint", "/no/such/run"], "--checkpoint '/no/such/run' does not exist"),
+        (["evaluate", "--tasks", "titanic"], "'titanic' is a train-split task but --tasks takes test-split"),
+        (["evaluate", "--policy", "./no/such/model"], "is not a local directory"),
+    ],
+)
+def test_cli_mistakes_fail_in_one_line_before_loading(argv, expected, no_model_load, capsys, tmp_path):
+    argv = [str(tmp_path / "out") if a == "X" else a for a in argv]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err, err
+    assert "\n" not in err and "Traceback" not in err
+
+
+def test_policy_check_never_sends_a_typo_to_the_hub(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(UsageError, match="did you mean 'default'"):
+        check_policy("defualt")
+    assert check_policy("tiny-plan") == "tiny-plan"
+    assert check_policy("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"  # a hub id is let through
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UsageError, match="not in the local Hugging Face cache"):
+        check_policy("HuggingFaceTB/SmolLM2-135M-not-cached")
+
+
+def test_task_checks_accept_the_right_split_and_any_tier():
+    assert check_tasks(["titanic", "flights_late"], split="train") == ["titanic", "flights_late"]
+    assert check_tasks(None, split="train") is None
+    with pytest.raises(UsageError, match="is a train-split task"):
+        check_tasks(["flights_late"], split="test", flag="--tasks")
+
+
+# ------------------------------------------------------------------ warnings for runs that cannot learn
+def _fake_train(monkeypatch, env, rewards_per_group, *, total_steps=3, patience=3, groups=2, size=2, **kw):
+    """Run trainer.train with a rollout that returns the given rewards (no model, no env steps)."""
+    import agents.llm.trainer as trainer
+    from agents.llm.rollout import Episode
+
+    class FixedRollout:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def run(self, chosen, timer, seed):
+            out = []
+            for j, (_, gid) in enumerate(chosen):
+                for m in range(size):
+                    reward = rewards_per_group[j][m]
+                    out.append(Episode(m, "t", gid, None, [], reward=reward, source=None, final_info={}))
+            return out
+
+    monkeypatch.setattr(trainer, "Rollout", FixedRollout)
+    monkeypatch.setattr(trainer, "_update", lambda *a: {})
+    policy = SimpleNamespace(trainable_parameters=lambda: [torch.nn.Parameter(torch.zeros(1))])
+    config = trainer.GRPOConfig(
+        groups_per_step=groups, group_size=size, total_steps=total_steps, progress=False, tensorboard=False,
+        no_signal_patience=patience, **kw,
+    )  # fmt: skip
+    return trainer.train(policy, env, scaffold=None, config=config, tasks=["t"])
+
+
+def test_no_learning_signal_warns_with_the_reason_and_the_remedy(monkeypatch):
+    with pytest.warns(NoLearningSignalWarning, match="no group carried a learning signal in steps 1-3"):
+        result = _fake_train(monkeypatch, None, [[0.0, 0.0], [0.0, 0.0]])
+    assert result.steps_without_signal == 3 and len(result.warnings) == 1
+
+
+def test_a_step_with_signal_does_not_warn(monkeypatch):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoLearningSignalWarning)
+        result = _fake_train(monkeypatch, None, [[0.0, 0.5], [0.0, 0.0]])
+    assert result.steps_without_signal == 0 and result.warnings == []
+
+
+def test_signal_watch_names_the_malformed_cause_and_resets_on_signal():
+    watch = SignalWatch(patience=2)
+    flat = {"groups/used": 2, "groups/degenerate": 2, "reward/malformed_rate": 1.0, "reward/valid_rate": 0.0}
+    assert watch.update(1, flat) is None
+    text = watch.update(2, flat)
+    assert text is not None and "warm-start" in text and "100% malformed" in text
+    assert watch.update(3, flat) is None  # one warning per streak
+    assert watch.update(4, {"groups/used": 2, "groups/degenerate": 1}) is None
+    skipped = {"groups/used": 0, "groups/skipped": 2, "groups/degenerate": 0}
+    watch.update(5, skipped)
+    assert "unknown" in (watch.update(6, skipped) or "")
+
+
+def test_idle_corrections_warn_before_a_short_wmrl_run(monkeypatch):
+    from wrapper_toys import SyntheticWorldModel, ToySeamEnv
+
+    from wrappers import AnchorWrapper, CalibrationWrapper, WorldModelWrapper
+
+    def stack(start_pairs):
+        return CalibrationWrapper(
+            AnchorWrapper(WorldModelWrapper(ToySeamEnv(), SyntheticWorldModel())), start_pairs=start_pairs
+        )
+
+    with pytest.warns(CorrectionsIdleWarning, match="needs 200 anchor pairs"):
+        _fake_train(monkeypatch, stack(200), [[0.0, 0.5], [0.0, 0.5]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CorrectionsIdleWarning)
+        _fake_train(monkeypatch, stack(4), [[0.0, 0.5], [0.0, 0.5]])  # 3 steps x 1 anchor x 2 >= 4
+
+
+def test_corrections_budget_arithmetic():
+    assert (
+        anchors_per_step(0.10, 1, 4) == 1.0 and anchors_per_step(0.5, 1, 10) == 5.0 and anchors_per_step(0, 1, 4) == 0
+    )
+    assert corrections_budget(start_pairs=200, pairs_seen=190, steps=3, anchors_per_step=1, group_size=4) is None
+    text = corrections_budget(start_pairs=200, pairs_seen=0, steps=20, anchors_per_step=1, group_size=4)
+    assert text is not None and "about 50 steps" in text
+
+
+# ------------------------------------------------------------------ self-describing checkpoints
+def _checkpoint(tmp_path, setup, step=3, config=None):
+    ck = tmp_path / "run" / "checkpoint"
+    ck.mkdir(parents=True)
+    (ck / "policy.pt").write_bytes(b"")
+    (ck / "trainer.json").write_text(json.dumps({"step": step, "config": config or {}, "setup": setup}))
+    return ck
+
+
+def test_resume_prints_the_step_and_changes_and_refuses_another_policy(tmp_path, capsys):
+    from agents.llm.trainer import GRPOConfig
+
+    ck = _checkpoint(tmp_path, {"policy": "tiny", "stack": "wmrl", "lora": False, "scaffold": "plan"}, 3,
+                     {"learning_rate": 1e-5, "total_steps": 3})  # fmt: skip
+    grpo = GRPOConfig(learning_rate=1e-4, total_steps=10)
+    step = cli._check_resume(ck, {"policy": "tiny", "stack": "wmrl", "lora": False, "scaffold": "raw"}, grpo)
+    out = capsys.readouterr().out
+    assert step == 3 and "resuming from step 3 of 10" in out
+    assert "--learning-rate 1e-05 -> 0.0001" in out and "--scaffold 'plan' -> 'raw'" in out
+    assert "total-steps" not in out  # raising the budget is what resuming is for
+    with pytest.raises(UsageError, match="trained with --policy 'tiny', this run asks for 'default'"):
+        cli._check_resume(ck, {"policy": "default", "stack": "wmrl", "lora": False}, grpo)
+    with pytest.raises(UsageError, match="--stack 'wmrl'"):
+        cli._check_resume(ck, {"policy": "tiny", "stack": "real", "lora": False}, grpo)
+    assert cli._check_resume(tmp_path / "none", {}, grpo) is None
+
+
+def test_evaluate_takes_a_run_directory_and_reuses_the_saved_policy(tmp_path, capsys):
+    ck = _checkpoint(tmp_path, {"policy": "tiny", "lora": False, "scaffold": "raw", "max_turns": 2}, 5)
+    run = cli.EvalRun(checkpoint=str(tmp_path / "run"))
+    cli._adopt_checkpoint_setup(run, explicit={"checkpoint"})
+    assert (run.policy, run.scaffold, run.max_turns, run.checkpoint) == ("tiny", "raw", 2, str(ck))
+    assert f"evaluating {ck} (step 5; policy tiny, scaffold raw)" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="trained with --policy 'tiny', not 'default'"):
+        cli._adopt_checkpoint_setup(cli.EvalRun(checkpoint=str(ck), policy="default"), explicit={"policy"})
+    assert resolve_checkpoint(tmp_path / "run") == ck and resolve_checkpoint(ck) == ck
+    with pytest.raises(UsageError, match="holds no policy.pt"):
+        resolve_checkpoint(tmp_path)
+
+
+def test_checkpoint_records_its_setup_and_refuses_another_policy_or_stack(tmp_path):
+    from wrapper_toys import SyntheticWorldModel, ToySeamEnv
+
+    from agents.llm.policy import LLMPolicy
+    from agents.llm.trainer import load_checkpoint, save_checkpoint
+    from wrappers import WorldModelWrapper
+
+    a = LLMPolicy.tiny(seed=1, num_layers=1, hidden_size=32)
+    opt = torch.optim.AdamW(a.trainable_parameters(), lr=1e-3)
+    save_checkpoint(tmp_path / "ck", a, opt, env=None, step=2, extra={"setup": {"policy": "tiny"}})
+    assert json.loads((tmp_path / "ck/trainer.json").read_text())["setup"] == {"policy": "tiny"}
+    other = LLMPolicy.tiny(seed=1, num_layers=2, hidden_size=32)
+    with pytest.raises(ValueError, match="holds another policy's weights .*--policy and --lora it was trained with"):
+        load_checkpoint(tmp_path / "ck", other, None, env=None)
+    wm_env = WorldModelWrapper(ToySeamEnv(), SyntheticWorldModel())
+    with pytest.raises(ValueError, match="saved from a bare env but this env is a world-model stack"):
+        load_checkpoint(tmp_path / "ck", a, None, env=wm_env)
