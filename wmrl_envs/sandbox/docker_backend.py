@@ -24,8 +24,10 @@ Classes: :class:`DockerExecutor`, :class:`DockerConfig`.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import tempfile
 import threading
 import time
 import uuid
@@ -33,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wmrl_envs.sandbox import workfs
 from wmrl_envs.sandbox.base import (
     DEFAULT_ENV,
     SANDBOX_DIR,
@@ -45,9 +48,11 @@ from wmrl_envs.sandbox.base import (
     resolve_limits,
 )
 from wmrl_envs.sandbox.image import docker_client, image_exists, image_tag
-from wmrl_envs.sandbox.local import LAUNCHER_SOURCE
+from wmrl_envs.sandbox.local import LAUNCHER_SOURCE, LAUNCHER_WALL_GRACE
 
-__all__ = ["DockerExecutor", "DockerConfig"]
+__all__ = ["DockerExecutor", "DockerConfig", "sweep_containers"]
+
+log = logging.getLogger(__name__)
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -116,6 +121,10 @@ class DockerExecutor:
         self._uid, self._gid = (int(x) for x in self.config.user.split(":"))
         #: Labels every container of this executor (``org.wmrl.sandbox.executor``), e.g. to find leftovers.
         self.instance_id = uuid.uuid4().hex[:12]
+        self._owner = _owner_label(os.getpid())
+        sweep_containers(self.client)  # containers of grading processes that were SIGKILLed
+        if os.geteuid() == 0:
+            workfs.sweep_stale(self.config.work_base or tempfile.gettempdir())
 
     def run(
         self,
@@ -129,7 +138,12 @@ class DockerExecutor:
         limits = resolve_limits(limits)
         root = os.geteuid() == 0
         work = WorkDir(
-            script, inputs, outputs, owner=(self._uid, self._gid) if root else None, base_dir=self.config.work_base
+            script,
+            inputs,
+            outputs,
+            owner=(self._uid, self._gid) if root else None,
+            base_dir=self.config.work_base,
+            quota_bytes=limits.work_quota,
         )
         try:
             if not root:  # cannot chown: let the container's uid write anyway
@@ -144,7 +158,12 @@ class DockerExecutor:
         from docker.types import LogConfig, Ulimit
 
         cpu = math.ceil(limits.cpu_seconds)
-        opts = {"sweep": True, "hold_seconds": _HOLD_SECONDS if hold else 0}
+        # wall_seconds: the container ends itself even when no host process is left to stop it
+        opts = {
+            "sweep": True,
+            "hold_seconds": _HOLD_SECONDS if hold else 0,
+            "wall_seconds": limits.wall_seconds + LAUNCHER_WALL_GRACE,
+        }
         command = [
             self.config.python,
             "-S",
@@ -182,7 +201,12 @@ class DockerExecutor:
             ],
             volumes={str(work.path): {"bind": SANDBOX_DIR, "mode": "rw"}},
             log_config=LogConfig(type="none"),
-            labels={"org.wmrl.sandbox": "run", "org.wmrl.sandbox.executor": self.instance_id},
+            labels={
+                "org.wmrl.sandbox": "run",
+                "org.wmrl.sandbox.executor": self.instance_id,
+                "org.wmrl.sandbox.owner": self._owner,
+            },
+            stop_timeout=1,
             detach=True,
         )
 
@@ -275,6 +299,52 @@ class DockerExecutor:
                 return None, time.monotonic() - start, None, None
             except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
                 continue
+
+
+def _owner_label(pid: int) -> str:
+    """``<boot id>:<pid>:<start time>`` of a host process: unique across pid reuse and reboots."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        start = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return f"unknown:{pid}:0"
+    return f"{boot}:{pid}:{start}"
+
+
+def sweep_containers(client) -> int:
+    """Remove sandbox containers whose creating process (on this host) is gone; how many.
+
+    Containers of live processes, of other hosts sharing the engine, and of versions that
+    did not label an owner are left alone. Never raises (a sweep is best effort).
+    """
+    removed = 0
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        containers = client.containers.list(all=True, filters={"label": "org.wmrl.sandbox=run"})
+    except Exception as e:  # noqa: BLE001
+        log.warning("wmrl sandbox: cannot list leftover containers: %r", e)
+        return 0
+    for c in containers:
+        owner = (c.labels or {}).get("org.wmrl.sandbox.owner", "")
+        o_boot, _, rest = owner.partition(":")
+        pid_s, _, start = rest.partition(":")
+        if not owner or not pid_s.isdigit():
+            continue
+        if o_boot == boot and _owner_label(int(pid_s)) == owner:
+            continue  # its grading process is alive
+        if o_boot != boot and o_boot != "unknown":
+            # another boot of this host, or another host: dead if this is the same machine
+            # rebooted; we cannot tell, so only containers no longer running are removed
+            if c.status == "running":
+                continue
+        try:
+            c.remove(force=True)
+            removed += 1
+        except Exception as e:  # noqa: BLE001
+            log.warning("wmrl sandbox: cannot remove leftover container %s: %r", c.short_id, e)
+    if removed:
+        log.warning("wmrl sandbox: removed %d container(s) left by dead grading processes", removed)
+    return removed
 
 
 #: How long the launcher keeps a finished container alive for its counters to be read.
