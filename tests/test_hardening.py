@@ -352,3 +352,73 @@ def test_launcher_enforces_the_wall_limit_itself():
         timeout=20,
     )
     assert proc.returncode == 128 + 9 and time.monotonic() - t0 < 5
+
+
+# ---------------------------------------------------------------------------- bring your own table
+@pytest.fixture
+def table(tmp_path):
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    n = 300
+    df = pd.DataFrame(
+        {
+            "rating": rng.integers(1, 6, n),  # 5 distinct numbers: inferred as classes without a hint
+            "x": rng.normal(size=n),
+            "customer": [f"c{i:05d}" for i in range(n)],
+            "answer": rng.choice(["yes", "no"], n, p=[0.3, 0.7]),
+        }
+    )
+    df["answer_code"] = df["answer"].map({"yes": "Y", "no": "N"})
+    path = tmp_path / "t.csv"
+    df.to_csv(path, index=False)
+    return path
+
+
+def test_byo_regression_metric_implies_the_type(table, tmp_path):
+    from wmrl_envs.autoresearch.byo import task_from_csv
+
+    t = task_from_csv(table, "rating", metric="rmse", root=tmp_path, task_id="r")
+    assert t.task_type == "regression"
+
+
+def test_byo_contradiction_names_task_type(table, tmp_path):
+    from wmrl_envs.autoresearch.cli import main
+
+    rc = main(["byo", str(table), "--target", "rating", "--metric", "rmse", "--task-type", "multiclass",
+               "--root", str(tmp_path)])  # fmt: skip
+    assert rc == 2
+
+
+def test_byo_contradiction_message(table, tmp_path):
+    from wmrl_envs.autoresearch.byo import ByoError, task_from_csv
+
+    with pytest.raises(ByoError, match=r"metric 'rmse' does not fit a multiclass task \(--task-type"):
+        task_from_csv(table, "rating", metric="rmse", task_type="multiclass", root=tmp_path)
+
+
+def test_byo_positive_class_is_chosen_and_printed(table, tmp_path, capsys):
+    from wmrl_envs.autoresearch.cli import main
+
+    assert main(["byo", str(table), "--target", "answer", "--positive-class", "yes", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "positive class: 'yes' (as asked); submissions give P(answer = yes)" in out
+    assert "column 'customer' looks like a row id" in out
+    assert "column 'answer_code' determines the target 'answer' on its own" in out
+    assert main(["byo", str(table), "--target", "answer", "--positive-class", "maybe", "--root", str(tmp_path)]) == 2
+
+
+def test_byo_default_positive_class_is_reported(table, tmp_path):
+    from wmrl_envs.autoresearch.byo import byo_notes, task_from_csv
+
+    t = task_from_csv(table, "answer", root=tmp_path, task_id="d")
+    assert t.positive_class == "yes" and any("the minority class; --positive-class" in n for n in byo_notes(t))
+
+
+def test_byo_large_table_is_sampled_with_a_note(table, tmp_path):
+    from wmrl_envs.autoresearch.byo import byo_notes, task_from_csv
+
+    t = task_from_csv(table, "answer", root=tmp_path, task_id="s", max_rows=100)
+    assert t.stats["n_train"] + t.stats["n_test"] == 100
+    assert any("has 300 rows; a seeded sample of 100" in n for n in byo_notes(t))

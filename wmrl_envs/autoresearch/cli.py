@@ -16,6 +16,8 @@ Commands::
     wmrl-tasks generate --seed S [--count N] [--root DIR] [--leaderboard]
     wmrl-tasks byo CSV --target COL [--metric M] [--task-type T] [--id-column C]
         [--test-fraction F] [--task-id NAME] [--root DIR] [--leaderboard]
+        [--positive-class C] [--max-rows N]     prints the chosen positive class and notes
+                                                (id-like / leaking columns, failed reference runs)
 
 ``--tier`` defaults to ``small`` (the 2,500-row catalog); ``all`` means both tiers.
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import sys
 from collections.abc import Sequence
@@ -170,6 +173,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--root", type=Path)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--leaderboard", action="store_true")
+    b.add_argument("--positive-class", help="binary tasks: the class submissions give the probability of")
+    b.add_argument(
+        "--max-rows", type=int, default=None, help="sample larger tables down to this many rows (default 20000; 0: all)"
+    )
     return p
 
 
@@ -229,21 +236,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             t = generate_task(seed, args.root, leaderboard=args.leaderboard)
             print(f"wrote {t.root} ({t.task_type}, {t.metric})")
     elif args.cmd == "byo":
-        from wmrl_envs.autoresearch.byo import task_from_csv
+        from wmrl_envs.autoresearch.byo import DEFAULT_MAX_ROWS, ByoError, byo_notes, task_from_csv
 
-        t = task_from_csv(
-            args.csv,
-            args.target,
-            task_id=args.task_id,
-            root=args.root,
-            metric=args.metric,
-            task_type=args.task_type,
-            id_column=args.id_column,
-            test_fraction=args.test_fraction,
-            seed=args.seed,
-            leaderboard=args.leaderboard,
-        )
+        max_rows = DEFAULT_MAX_ROWS if args.max_rows is None else (args.max_rows or None)
+        logging.getLogger("wmrl_envs.autoresearch.byo").setLevel(logging.ERROR)  # notes are printed below
+        try:
+            t = task_from_csv(
+                args.csv,
+                args.target,
+                task_id=args.task_id,
+                root=args.root,
+                metric=args.metric,
+                task_type=args.task_type,
+                id_column=args.id_column,
+                test_fraction=args.test_fraction,
+                seed=args.seed,
+                leaderboard=args.leaderboard,
+                positive_class=args.positive_class,
+                max_rows=max_rows,
+            )
+        except (ByoError, FileNotFoundError) as err:
+            print(f"wmrl-tasks byo: {err}", file=sys.stderr)
+            return 2
         print(f"wrote {t.root} ({t.task_type}, {t.metric}, submission columns {t.submission_columns})")
+        for note in byo_notes(t):
+            print(f"note: {note}")
     return 0
 
 
