@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 from benchmarks import EXPERIMENTS, OTHER_SCRIPTS
 from benchmarks.common import load_config
 from benchmarks.report import make_run_dir, write_json
-from wmrl_envs.config_cli import add_config_arguments, build_config, config_to_dict
+from wmrl_envs.config_cli import add_config_arguments, build_config, config_to_dict, plain_text
 
 __all__ = ["main"]
 
@@ -39,9 +40,10 @@ def _parser() -> argparse.ArgumentParser:
         mod = _load(module)
         p = sub.add_parser(
             name,
-            help=mod.__doc__.splitlines()[0].split(": ", 1)[-1],
-            description=mod.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            help=_summary(mod.__doc__ or ""),
+            description=_summary(mod.__doc__ or "")
+            + f". The full description of the method: `python -m pydoc benchmarks.{module}`; "
+            "measured results and how to read them: docs/results.md.",
         )
         p.add_argument(
             "--config",
@@ -52,6 +54,16 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--no-progress", action="store_true", help="hide progress bars")
         add_config_arguments(p, mod.CONFIG)
     return parser
+
+
+def _summary(doc: str) -> str:
+    """The user-facing one-liner of an experiment: its docstring's first line, plain text."""
+    return plain_text(doc.strip().splitlines()[0].split(": ", 1)[-1]).rstrip(".") if doc.strip() else ""
+
+
+def _one_line_warning(message: Any, category: type, filename: str, lineno: int, line: str | None = None) -> str:
+    # Warnings of an experiment are meant for the person running it, not a traceback.
+    return f"warning ({category.__name__}): {message}\n"
 
 
 def _load(module: str) -> Any:
@@ -78,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_dir / "config.json", {"experiment": args.experiment, "config_file": args.config, **config_to_dict(config)}
     )
     print(f"wmrl-bench {args.experiment}: writing to {run_dir}", flush=True)
+    warnings.formatwarning = _one_line_warning
     result = mod.run(config, run_dir, progress=not args.no_progress)
     print()
     print(result["markdown"])

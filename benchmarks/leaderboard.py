@@ -8,9 +8,14 @@ Agents (``agents`` knob):
 * ``random-plan``: a plan with a uniformly random model family and hyperparameters per
   sample, rendered the same way;
 * ``untrained``: the LLM policy (``policy``) as shipped, through ``scaffold``;
-* ``checkpoint:<dir>``: the LLM policy with the trainable weights of a trainer checkpoint
-  or a directory with such a ``policy.pt`` (e.g. ``runs/speedup-.../arms/wmrl-seed0`` of a
-  ``speedup --save-policies true`` run).
+* ``checkpoint:<dir>``: the LLM policy with the trainable weights of a trainer checkpoint,
+  a run directory of ``python -m agents.llm train`` (its ``checkpoint/``), or a directory with
+  such a ``policy.pt`` (e.g. ``runs/speedup-.../arms/wmrl-seed0`` of a
+  ``speedup --save-policies true`` run). A checkpoint that records its setup is loaded with
+  its own policy, LoRA and scaffold; otherwise ``policy`` and ``scaffold`` apply.
+
+Names, tasks (held-out only: a training task is refused, not reported as held-out) and
+checkpoint paths are checked when the config is built, before anything loads.
 
 Every agent gets ``k`` samples per held-out task (the catalog ``test`` split, each registered
 as ``wmrl/AutoResearch-<task>-v0``) and is scored with the paper's avg@k
@@ -30,6 +35,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from agents.llm.checks import check_choice, check_policy, check_tasks, resolve_checkpoint, saved_setup
 from agents.llm.loading import load_policy
 from benchmarks.common import new_figure, save_figure, summarize_seeds, task_split
 from benchmarks.report import machine_summary, markdown_table, write_results
@@ -81,6 +87,14 @@ class LeaderboardConfig:
             raise ValueError("agents and seeds must be non-empty")
         if self.k < 1 or self.max_turns < 1:
             raise ValueError("k and max_turns must be >= 1")
+        from agents.llm.scaffolds import SCAFFOLDS
+
+        check_tasks(self.tasks, split="test", flag="--tasks")
+        check_policy(self.policy)
+        check_choice("--scaffold", self.scaffold, sorted(SCAFFOLDS))
+        for agent in self.agents:
+            if agent.startswith("checkpoint:"):
+                resolve_checkpoint(agent.split(":", 1)[1], flag="--agents checkpoint:")
 
 
 CONFIG = LeaderboardConfig
@@ -160,11 +174,14 @@ def _evaluate_agent(
         return _script_agent(config, tasks, seed, lambda spec, rng: fenced(render_plan(random_plan(rng), spec)))
     from agents.llm.evaluate import evaluate_heldout
 
-    checkpoint = agent.split(":", 1)[1] if agent.startswith("checkpoint:") else None
-    if agent not in policies:
-        policies[agent] = load_policy(config.policy, checkpoint=checkpoint)
+    checkpoint = resolve_checkpoint(agent.split(":", 1)[1]) if agent.startswith("checkpoint:") else None
+    setup = (saved_setup(checkpoint).get("setup") or {}) if checkpoint is not None else {}
+    if agent not in policies:  # a self-describing checkpoint loads with the policy it was trained with
+        policies[agent] = load_policy(
+            setup.get("policy", config.policy), checkpoint=checkpoint, lora=bool(setup.get("lora", False))
+        )
     result = evaluate_heldout(
-        policies[agent], make_scaffold(config.scaffold), list(tasks), k=config.k, max_new_tokens=config.max_new_tokens,
+        policies[agent], make_scaffold(setup.get("scaffold", config.scaffold)), list(tasks), k=config.k, max_new_tokens=config.max_new_tokens,
         temperature=config.temperature, seed=seed, max_turns=config.max_turns, wall_seconds=config.wall_seconds,
     )  # fmt: skip
     return result.tasks
@@ -203,7 +220,7 @@ def run(config: LeaderboardConfig, run_dir: Path, *, progress: bool = True) -> d
         "summary": summary,
         "per_seed": rows,
     }
-    result["plot"] = str(_plot(summary, tasks, run_dir / "leaderboard.png"))
+    result["plot"] = str(_plot(summary, tasks, run_dir / "leaderboard.png", config.k))
     return write_results(run_dir, result, tables(result))
 
 
@@ -231,17 +248,21 @@ def tables(result: Mapping[str, Any]) -> str:
     return markdown_table(rows) + "\n\n" + note
 
 
-def _plot(summary: Sequence[Mapping[str, Any]], tasks: Sequence[str], path: Path) -> Path:
-    labels = ["mean"] + list(tasks)
-    fig, ax = new_figure(max(6.0, 0.7 * len(labels) * max(1, len(summary)) / 2), 4.0)
+def _plot(summary: Sequence[Mapping[str, Any]], tasks: Sequence[str], path: Path, k: int = 0) -> Path:
+    """Grouped bars: one group per task (plus their mean when there are several tasks), one bar
+    per agent, each labelled with its value so a zero score is visible; legend outside."""
+    keys = (["avg_at_k"] if len(tasks) > 1 else []) + [f"task:{t}" for t in tasks]
+    labels = (["mean over tasks"] if len(tasks) > 1 else []) + list(tasks)
+    fig, ax = new_figure(max(6.0, 0.55 * len(keys) * max(1, len(summary)) + 2.5), 4.0)
     width = 0.8 / max(1, len(summary))
     for j, r in enumerate(summary):
-        keys = ["avg_at_k"] + [f"task:{t}" for t in tasks]
-        ys = [r[k] if r[k] is not None else np.nan for k in keys]
-        es = [r[f"{k}_sd"] or 0.0 for k in keys]
-        ax.bar(np.arange(len(keys)) + j * width, ys, width, yerr=es, capsize=2, label=r["agent"])
+        ys = [r[key] if r[key] is not None else np.nan for key in keys]
+        es = [r[f"{key}_sd"] or 0.0 for key in keys]
+        bars = ax.bar(np.arange(len(keys)) + j * width, ys, width, yerr=es, capsize=2, label=r["agent"])
+        ax.bar_label(bars, labels=["n/a" if np.isnan(y) else f"{y:.2f}" for y in ys], fontsize=6, padding=1)
     ax.set_xticks(np.arange(len(labels)) + width * (len(summary) - 1) / 2, labels, rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("avg@k (real execution)")
+    ax.set_ylabel(f"avg@{k} (real execution)" if k else "avg@k (real execution)")
+    ax.set_ylim(0, 1.08)  # avg@k lies in [0, 1]; the headroom keeps the value labels inside
     ax.set_title("agents on held-out tasks")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return save_figure(fig, path)

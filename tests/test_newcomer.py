@@ -218,3 +218,58 @@ def test_checkpoint_records_its_setup_and_refuses_another_policy_or_stack(tmp_pa
     wm_env = WorldModelWrapper(ToySeamEnv(), SyntheticWorldModel())
     with pytest.raises(ValueError, match="saved from a bare env but this env is a world-model stack"):
         load_checkpoint(tmp_path / "ck", a, None, env=wm_env)
+
+
+# ------------------------------------------------------------------ benchmarks: checks, warnings, help, plots
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["leaderboard", "--tasks", "titanic"], "'titanic' is a train-split task but --tasks takes test-split"),
+        (["leaderboard", "--tasks", "amess"], "unknown task 'amess' (did you mean 'ames'?)"),
+        (["leaderboard", "--agents", "checkpoint:/no/such"], "checkpoint: '/no/such' does not exist"),
+        (["leaderboard", "--policy", "tinny"], "--policy 'tinny' is unknown"),
+    ],
+)
+def test_benchmark_cli_mistakes_fail_in_one_line(argv, expected, capsys, tmp_path):
+    from benchmarks.__main__ import main
+
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err and "\n" not in err, err
+    assert not list(tmp_path.iterdir())  # refused before a run directory was made
+
+
+def test_ablation_warns_when_the_corrections_cannot_engage():
+    from benchmarks.ablation import AblationConfig
+
+    text = AblationConfig(steps=20).idle_corrections()
+    assert text is not None and "needs 200 anchor pairs" in text and "variants will be identical" in text
+    assert AblationConfig(steps=20, calibration_start_pairs=64).idle_corrections() is None
+    assert AblationConfig().idle_corrections() is None  # the shipped defaults engage
+
+
+def test_help_is_plain_text_with_defaults_and_choices(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out and ":func:" not in out and ":class:" not in out
+    assert "gradient clipping. (default: 1.0)" in " ".join(out.split())  # no "Default 1.0." twice
+    assert "--loss-aggregation {token-mean,seq-mean-token-mean}" in out
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--loss-aggregation", "token_mean"])
+    assert "invalid choice: 'token_mean'" in capsys.readouterr().err
+
+
+def test_leaderboard_plot_labels_k_and_skips_the_mean_of_one_task(monkeypatch, tmp_path):
+    import benchmarks.leaderboard as lb
+
+    figs = []
+    monkeypatch.setattr(lb, "save_figure", lambda fig, path: figs.append(fig) or path)
+    row = {"agent": "a", "avg_at_k": 0.0, "avg_at_k_sd": None, "task:ames": 0.0, "task:ames_sd": None}
+    lb._plot([row], ["ames"], tmp_path / "p.png", 4)
+    ax = figs[-1].axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["ames"] and ax.get_ylabel() == "avg@4 (real execution)"
+    assert [t.get_text() for t in ax.texts] == ["0.00"]  # a zero bar is labelled, not invisible
+    row2 = {**row, "task:oj": 0.5, "task:oj_sd": None, "avg_at_k": 0.25}
+    lb._plot([row2], ["ames", "oj"], tmp_path / "p.png", 4)
+    assert [t.get_text() for t in figs[-1].axes[0].get_xticklabels()] == ["mean over tasks", "ames", "oj"]

@@ -8,8 +8,12 @@ defaults, then a JSON/TOML config file's values, then the flags given. Several d
 can share one parser under different ``section`` names (a TOML table per section), so
 ``python -m agents.llm train`` offers ``GRPOConfig`` and ``CalibrationConfig`` side by side.
 
+Help text is written for users: Sphinx markup is reduced to plain text and a field's own
+"Default X." sentence is dropped, since every flag's help ends with its actual default
+(:func:`plain_text`).
+
 Functions: :func:`add_config_arguments`, :func:`build_config`, :func:`load_config_file`,
-:func:`config_to_dict`, :func:`field_doc`.
+:func:`config_to_dict`, :func:`field_doc`, :func:`plain_text`.
 
 >>> import argparse, dataclasses
 >>> @dataclasses.dataclass
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -39,7 +44,30 @@ from typing import Any
 
 import tomllib
 
-__all__ = ["add_config_arguments", "build_config", "load_config_file", "config_to_dict", "field_doc"]
+__all__ = ["add_config_arguments", "build_config", "load_config_file", "config_to_dict", "field_doc", "plain_text"]
+
+_ROLE = re.compile(r":[a-z]+:`~?([^`<]*?)\s*(?:<[^`]*>)?`")
+_DEFAULT_SENTENCE = re.compile(r"\s*Defaults?:? [^.()]*(?:\.\d[^.]*)*\.\s*$")
+
+
+def plain_text(text: str, *, drop_default: bool = False) -> str:
+    """``text`` without Sphinx markup (roles keep their last name, literals lose their
+    backquotes); with ``drop_default``, without a trailing "Default X." sentence.
+
+    >>> plain_text("see :func:`~agents.grpo.grpo_loss` and ``None``; :class:`Env <gymnasium.Env>`")
+    'see grpo_loss and None; Env'
+    >>> plain_text("gradient clipping. Default 1.0.", drop_default=True)
+    'gradient clipping.'
+    """
+
+    def role(m: re.Match[str]) -> str:
+        name = m.group(1)
+        return name.rsplit(".", 1)[-1] if m.group(0).startswith(":") and "~" in m.group(0)[:-1] else name
+
+    out = _ROLE.sub(role, text).replace("``", "")
+    if drop_default:
+        out = _DEFAULT_SENTENCE.sub("", out)
+    return out
 
 
 def _field_type(cls: type, f: dataclasses.Field) -> tuple[Any, bool]:
@@ -54,6 +82,15 @@ def _field_type(cls: type, f: dataclasses.Field) -> tuple[Any, bool]:
         inner = [a for a in typing.get_args(hint) if a is not Ellipsis]
         return (inner[0] if inner else str), True
     return hint, False
+
+
+def _literal_choices(cls: type, f: dataclasses.Field) -> list[str] | None:
+    """The allowed values of a ``Literal[...]`` field (argparse then refuses others in one line)."""
+    hint = typing.get_type_hints(cls)[f.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
+        hint = args[0]
+    return [str(a) for a in typing.get_args(hint)] if typing.get_origin(hint) is typing.Literal else None
 
 
 def _parse_bool(text: str) -> bool:
@@ -112,7 +149,7 @@ def add_config_arguments(
     file's value (or the default) in place. Sequences take several values; booleans take
     ``true``/``false``; ``none`` sets an optional field to ``None``."""
     title = f"{cls.__name__}" + (f" (--{section}-*; TOML table [{section}])" if section else "")
-    group = parser.add_argument_group(title, (cls.__doc__ or "").strip().splitlines()[0])
+    group = parser.add_argument_group(title, plain_text((cls.__doc__ or "").strip().splitlines()[0]))
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
@@ -124,8 +161,10 @@ def add_config_arguments(
             default = f.default_factory()
         else:
             raise TypeError(f"{cls.__name__}.{f.name} has no default; config fields need one")
-        help_text = f"{field_doc(cls, f.name)} (default: {default!r})".replace("%", "%%")
+        doc = plain_text(field_doc(cls, f.name), drop_default=True)
+        help_text = f"{doc} (default: {default!r})".replace("%", "%%")
         flag = f.name.replace("_", "-")
+        choices = _literal_choices(cls, f)
         group.add_argument(
             f"--{section}-{flag}" if section else f"--{flag}",
             dest=_dest(section, f.name),
@@ -133,7 +172,12 @@ def add_config_arguments(
             nargs="+" if many else None,
             default=argparse.SUPPRESS,
             help=help_text,
-            metavar=scalar.__name__.upper() if hasattr(scalar, "__name__") else "VALUE",
+            choices=choices,
+            metavar=("{" + ",".join(choices) + "}")
+            if choices
+            else scalar.__name__.upper()
+            if hasattr(scalar, "__name__")
+            else "VALUE",
         )
 
 

@@ -103,7 +103,7 @@ class GRPOConfig:
         generation_batch_size: contexts per ``generate`` call (``None`` = all live slots).
 
     Optimisation:
-        learning_rate: AdamW step size. Default 1e-5 (use ~1e-4 with LoRA).
+        learning_rate: AdamW step size (use ~1e-4 with LoRA). Default 1e-5.
         weight_decay: AdamW weight decay. Default 0.0.
         max_grad_norm: gradient clipping. Default 1.0.
         ppo_epochs: optimiser steps per batch of rollouts; with 1 the ratio is exactly 1
