@@ -166,6 +166,11 @@ def test_work_dir_quota_caps_total_writes(work_base):
     r = ex.run(script, limits=dataclasses.replace(SMALL, max_work_bytes=16 << 20))
     assert r.status == "ok" and r.stdout_tail.startswith("stopped 4 ENOSPC"), r.stdout_tail
     assert os.listdir(work_base) == []
+    crash = ex.run(
+        "open('f', 'wb').write(b'x' * (4 << 20))\nopen('g', 'wb').write(b'x' * (4 << 20))",
+        limits=dataclasses.replace(SMALL, max_work_bytes=6 << 20),
+    )
+    assert crash.status == "killed_limit" and "work dir quota of 6291456 bytes exhausted" in crash.reason
 
 
 # ---------------------------------------------------------------------------- strict, answers

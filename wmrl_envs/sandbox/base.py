@@ -419,6 +419,7 @@ _MEMORY_RE = re.compile(
     r"^(MemoryError|numpy\.core\._exceptions\._ArrayMemoryError)\b|Cannot allocate memory|std::bad_alloc", re.M
 )
 _FSIZE_RE = re.compile(r"\[Errno 27\] File too large", re.M)
+_NOSPC_RE = re.compile(r"\[Errno 28\] No space left on device", re.M)
 _NPROC_RE = re.compile(r"^BlockingIOError: \[Errno 11\] Resource temporarily unavailable|can't start new thread", re.M)
 
 
@@ -443,6 +444,8 @@ def classify_exit(
         return "killed_memory", f"memory limit of {limits.memory_bytes} bytes reached (allocation failed)"
     if _FSIZE_RE.search(stderr_tail):
         return "killed_limit", f"file size limit of {limits.max_file_bytes} bytes exceeded"
+    if _NOSPC_RE.search(stderr_tail):
+        return "killed_limit", f"work dir quota of {limits.work_quota} bytes exhausted (no space left on device)"
     if _NPROC_RE.search(stderr_tail):
         return "killed_limit", f"process limit of {limits.max_processes} reached (fork/thread creation failed)"
     if sig is not None:
