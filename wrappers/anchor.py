@@ -26,13 +26,19 @@ Anchor members run the :class:`~wrappers.world_model.WorldModelWrapper` below in
 at once with :meth:`AnchorWrapper.begin_step`; otherwise decisions are made lazily at
 each new group's first reset.
 
+With ``overlap=True`` anchor members are graded by the world model at step time and for
+real in background threads, so their real runs overlap the rest of the training step;
+results land through :meth:`AnchorWrapper.collect` (see :mod:`wrappers.anchor_overlap`
+for the staleness bound and what changes for anchor members).
+
 Classes: :class:`AnchorWrapper`, :class:`VectorAnchorWrapper`, :class:`GroupBook`.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -42,6 +48,7 @@ from gymnasium.vector import VectorEnv, VectorWrapper
 
 from wrappers._common import VectorSteps, json_key, known_info, put_info, require_layer, sub_info
 from wrappers._record import record_constructor_args
+from wrappers.anchor_overlap import BackgroundGrader
 from wrappers.scheduling import AnchorScheduler
 from wrappers.world_model import VectorWorldModelWrapper, WorldModelWrapper
 
@@ -116,6 +123,13 @@ class _Member:
     anchor: bool
     calibrated: float | None = None  # running max over graded turns (trajectory reward = max)
     true: float | None = None
+    # overlap mode (anchor members only):
+    ticket: int | None = None  # identifies the member's background real gradings
+    pending: int = 0  # real gradings in flight
+    graded: int = 0  # real gradings submitted
+    fixed: float | None = None  # max score of ungraded turns (malformed / syntax error), known at once
+    ended: bool = False
+    real_outcomes: list[Any] = field(default_factory=list)
 
 
 def _max(a: float | None, b: float | None) -> float | None:
@@ -123,7 +137,11 @@ def _max(a: float | None, b: float | None) -> float | None:
 
 
 #: The keys of the world-model layer's info that the anchor layer reads.
-_READS = ("wm_score", "calibrated_score", "true_score")
+_READS = ("wm_score", "calibrated_score", "true_score", "outcome")
+
+#: Most completed overlap records kept for :meth:`AnchorWrapper.collect` (a loop that never
+#: collects does not grow memory without bound; pairs and group results do not depend on it).
+_RECORDS_KEPT = 10_000
 
 
 class _AnchorCore:
@@ -149,6 +167,13 @@ class _AnchorCore:
         self._graded: set[Hashable] = set()  # open groups with a member already graded by the world model
         #: Called with no argument at every :meth:`begin_step` (the calibration layer's step boundary).
         self.step_listeners: list[Callable[[], object]] = []  # return values are ignored
+        #: Overlap mode: called with ``{"anchor_pairs": [...], "group_result": ...}`` whenever
+        #: background real gradings land (the calibration layer feeds its calibrator).
+        self.landing_listeners: list[Callable[[Mapping[str, Any]], object]] = []
+        self.overlap = False
+        self._tickets = 0
+        self._by_ticket: dict[int, _Member] = {}  # overlap anchor members not yet closed
+        self.completed: collections.deque[dict[str, Any]] = collections.deque(maxlen=_RECORDS_KEPT)
 
     def begin_step(self, group_ids: Iterable[Hashable]) -> frozenset:
         """Decide a training step's groups at once, then tell the step listeners."""
@@ -175,27 +200,47 @@ class _AnchorCore:
             group_id, size = self._auto_group(), self.auto_group_size
         self.book.join(group_id, size)
         anchor = self.scheduler.assign(group_id) if scheduled else False
-        self.members[slot] = _Member(group_id, anchor)
-        self._set_mode(slot, "both" if anchor else "wm")
+        member = self.members[slot] = _Member(group_id, anchor)
+        # overlap: anchors are graded by the world model in step, for real in the background
+        self._set_mode(slot, "both" if anchor and not self.overlap else "wm")
         extra.update(group_id=group_id, anchor=anchor, anchor_fraction=self.scheduler.realized_fraction)
+        if anchor and self.overlap:
+            member.ticket = self._tickets
+            self._tickets += 1
+            self._by_ticket[member.ticket] = member
+            extra["anchor_ticket"] = member.ticket
         return extra
 
-    def step(self, slot: int, info: Mapping[str, Any], ended: bool) -> dict[str, Any]:
-        """Info keys for a step of ``slot``'s episode (``info``: what the layers below reported)."""
+    def overlap_ticket(self, slot: int) -> int | None:
+        """The ticket of ``slot``'s member if its real gradings run in the background."""
+        member = self.members[slot]
+        return None if member is None else member.ticket
+
+    def step(self, slot: int, info: Mapping[str, Any], ended: bool, deferred: bool = False) -> dict[str, Any]:
+        """Info keys for a step of ``slot``'s episode (``info``: what the layers below
+        reported; ``deferred``: this step's request is being graded for real in the background)."""
         member = self.members[slot]
         if member is None:
             raise RuntimeError("AnchorWrapper: step before reset")
         wm, cal, true = info.get("wm_score"), info.get("calibrated_score"), info.get("true_score")
         member.calibrated = _max(member.calibrated, cal)
         member.true = _max(member.true, true)
-        if wm is not None:
+        if wm is not None or deferred:
             self._graded.add(member.group_id)
+        if deferred:
+            member.pending += 1
+            member.graded += 1
+        elif member.ticket is not None:  # an ungraded turn's own score (malformed reply, syntax error)
+            outcome = info.get("outcome")
+            member.fixed = _max(member.fixed, getattr(outcome, "score", None))
         extra: dict[str, Any] = {
             "group_id": member.group_id,
             "anchor": member.anchor,
             "anchor_pairs": [(wm, true)] if member.anchor and wm is not None and true is not None else [],
             "anchor_fraction": self.scheduler.realized_fraction,
         }
+        if member.ticket is not None:
+            extra["anchor_ticket"] = member.ticket
         if ended:
             result = self._finish(slot)
             if result is not None:
@@ -214,12 +259,51 @@ class _AnchorCore:
         member = self.members[slot]
         assert member is not None  # only finished slots that hold a member
         self.members[slot] = None
+        member.ended = True
+        if member.pending:  # real gradings in flight: the member closes when they land
+            return None
+        return self._close(member)
+
+    def _close(self, member: _Member) -> dict[str, Any] | None:
         result = self.book.finish(member.group_id, member.calibrated, member.true)
         if result is not None:
             result["anchor"] = member.anchor
             self.scheduler.release(member.group_id)
             self._graded.discard(member.group_id)
+        if member.ticket is not None:
+            self._by_ticket.pop(member.ticket, None)
+            self.completed.append(
+                {
+                    "ticket": member.ticket,
+                    "group_id": member.group_id,
+                    "graded": member.graded,
+                    "true": member.true,
+                    "reward": _max(member.fixed, member.true) if member.graded else None,
+                    "real_outcomes": list(member.real_outcomes),
+                    "group_result": result,
+                }
+            )
         return result
+
+    def land(self, ticket: int, wm_score: float | None, outcome: Any) -> None:
+        """A background real grading of member ``ticket`` finished: feed the landing
+        listeners its pair, and its group's result once the group is complete."""
+        member = self._by_ticket.get(ticket)
+        if member is None:  # the member was dropped by load_state_dict; its pair still counts
+            true = getattr(outcome, "score", None)
+            info: dict[str, Any] = {"anchor_pairs": [(wm_score, true)] if None not in (wm_score, true) else []}
+        else:
+            true = getattr(outcome, "score", None)
+            member.pending -= 1
+            member.true = _max(member.true, true)
+            member.real_outcomes.append(outcome)
+            info = {"anchor_pairs": [(wm_score, true)] if None not in (wm_score, true) else []}
+            if member.ended and not member.pending:
+                result = self._close(member)
+                if result is not None:
+                    info["group_result"] = result
+        for listener in self.landing_listeners:
+            listener(info)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -235,6 +319,7 @@ class _AnchorCore:
         self._auto = int(state["auto"])
         self._graded = {json_key(g) for g in state.get("graded", [])}
         self.members = [None] * len(self.members)  # episodes in flight died with the old process
+        self._by_ticket = {}
 
 
 _INFO_DOC = """
@@ -249,25 +334,78 @@ _INFO_DOC = """
     * ``group_result`` (only on the step that completes a group): ``{"group_id", "anchor",
       "calibrated": [...], "true": [...]}``, one entry per member: its max calibrated
       world-model score and max true score over its graded turns (``None`` if unknown).
+    * ``anchor_ticket`` (overlap mode, anchor members): identifies the member in the records
+      :meth:`collect` returns. With overlap, an anchor member's steps report its world-model
+      grading (``source="wm"``) and no pairs; pairs and its group's result go to the
+      calibration layer when its real runs land.
 """
 
 
 class _AnchorBase:
     _core: _AnchorCore
+    _background: BackgroundGrader | None = None
+    _wm_layer: Any = None
 
     @property
     def scheduler(self) -> AnchorScheduler:
         return self._core.scheduler
 
+    @property
+    def overlap(self) -> bool:
+        """True if anchor groups are graded for real in the background (see :meth:`collect`)."""
+        return self._background is not None
+
+    def _setup_overlap(self, overlap: bool, grader: Callable[[Any], Any] | None, workers: int, wm: Any) -> None:
+        self._wm_layer = wm
+        if not overlap:
+            return
+        if grader is None:
+            raise ValueError(
+                f"{type(self).__name__}(overlap=True) needs grader= here (the env's grade(request)): "
+                "the sub-envs are not reachable from this process"
+            )
+        self._background = BackgroundGrader(grader, workers)
+        self._core.overlap = True
+
+    def collect(self, wait: bool = False) -> list[dict[str, Any]]:
+        """Overlap mode: land the background real gradings that finished (all of them with
+        ``wait``) and return the records of anchor members now complete, one dict each:
+        ``ticket`` (the member's ``info["anchor_ticket"]``), ``group_id``, ``graded`` (real
+        gradings it had), ``reward`` (its trajectory reward from real outcomes: max over
+        turns; ``None`` if it had no graded turn), ``true`` (max real score), ``real_outcomes``
+        and ``group_result`` (set on the member that completed its group). Pairs and group
+        results already went to the calibration layer. ``[]`` without overlap."""
+        if self._background is None:
+            return []
+        for landing in self._background.landed(wait=wait):
+            if self._wm_layer is not None:
+                self._wm_layer._grader.count_real(1, landing.seconds)
+            self._core.land(landing.ticket, landing.wm_score, landing.outcome)
+        out = list(self._core.completed)
+        self._core.completed.clear()
+        return out
+
+    def _land_ready(self) -> None:
+        """Land what finished, keeping the member records for :meth:`collect`."""
+        if self._background is not None and self._background.in_flight:
+            records = self.collect(wait=False)
+            self._core.completed.extend(records)
+
     def begin_step(self, group_ids: Iterable[Hashable]) -> frozenset:
         """Decide a training step's groups at once (see :meth:`AnchorScheduler.begin_step`).
 
         This is also the step boundary of the calibration layer above, which refits its map
-        (when due) here, so that no group is calibrated by two maps."""
+        (when due) here, so that no group is calibrated by two maps. With overlap, every
+        real grading still in flight lands first (the staleness bound)."""
+        if self._background is not None:
+            self._core.completed.extend(self.collect(wait=True))
         return self._core.begin_step(group_ids)
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable state: the scheduler (RNG, counters, decisions) and open groups."""
+        """JSON-serialisable state: the scheduler (RNG, counters, decisions) and open groups.
+        With overlap, real gradings in flight land first, so no anchor pair is lost."""
+        if self._background is not None:
+            self._core.completed.extend(self.collect(wait=True))
         return self._core.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -292,6 +430,11 @@ class AnchorWrapper(_AnchorBase, gym.Wrapper, RecordConstructorArgs):
             ``group_id`` (default 1).
         anchor_auto_groups: whether automatic groups are scheduled like the others
             (default True; see the module docstring).
+        overlap: grade anchor members for real in background threads instead of inside
+            ``step`` (see :mod:`wrappers.anchor_overlap`); results land via :meth:`collect`.
+        grader: overlap mode's real grader, ``request -> Outcome | None`` (default: the
+            env's own ``grade``).
+        overlap_workers: real gradings at once in overlap mode.
 """
         + _INFO_DOC
         + """
@@ -315,11 +458,14 @@ class AnchorWrapper(_AnchorBase, gym.Wrapper, RecordConstructorArgs):
         group_size: int | None = None,
         auto_group_size: int = 1,
         anchor_auto_groups: bool = True,
+        overlap: bool = False,
+        grader: Callable[[Any], Any] | None = None,
+        overlap_workers: int = 2,
     ) -> None:
         record_constructor_args(
             self, fraction=fraction, min_per_step=min_per_step, max_concurrent=max_concurrent, seed=seed,
             groups_per_step=groups_per_step, group_size=group_size, auto_group_size=auto_group_size,
-            anchor_auto_groups=anchor_auto_groups,
+            anchor_auto_groups=anchor_auto_groups, overlap=overlap, grader=grader, overlap_workers=overlap_workers,
         )  # fmt: skip
         super().__init__(env)
         wm = require_layer(env, WorldModelWrapper, needed_by="AnchorWrapper")
@@ -330,17 +476,32 @@ class AnchorWrapper(_AnchorBase, gym.Wrapper, RecordConstructorArgs):
             wm.mode = mode
 
         self._core = _AnchorCore(scheduler, 1, set_mode, auto_group_size, anchor_auto_groups)
+        if overlap and grader is None:
+            grader = env.get_wrapper_attr("grade")
+        self._setup_overlap(overlap, grader, overlap_workers, wm)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         options = dict(options or {})
         size = options.pop("group_size", self.group_size)
         obs, info = self.env.reset(seed=seed, options=options)  # first: a refused reset joins no group
+        self._land_ready()
         return obs, {**info, **known_info(self._core.start(0, options.get("group_id"), size))}
 
     def step(self, action: Any):
+        ticket = self._core.overlap_ticket(0)
+        request = None if ticket is None else self.env.get_wrapper_attr("grading_request")(action)
         obs, reward, terminated, truncated, info = self.env.step(action)
-        extra = self._core.step(0, info, bool(terminated or truncated))
+        if request is not None:
+            assert self._background is not None and ticket is not None  # tickets exist only in overlap mode
+            self._background.submit(ticket, request, info.get("wm_score"))
+        extra = self._core.step(0, info, bool(terminated or truncated), deferred=request is not None)
+        self._land_ready()
         return obs, reward, terminated, truncated, {**info, **known_info(extra)}
+
+    def close(self) -> None:
+        if self._background is not None:
+            self._background.close()
+        super().close()
 
 
 class VectorAnchorWrapper(_AnchorBase, VectorWrapper, RecordConstructorArgs):
@@ -373,16 +534,24 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper, RecordConstructorArgs):
         groups_per_step: int | None = None,
         auto_group_size: int = 1,
         anchor_auto_groups: bool = True,
+        overlap: bool = False,
+        grader: Callable[[Any], Any] | None = None,
+        overlap_workers: int = 2,
     ) -> None:
         record_constructor_args(
             self, fraction=fraction, min_per_step=min_per_step, max_concurrent=max_concurrent, seed=seed,
             groups_per_step=groups_per_step, auto_group_size=auto_group_size, anchor_auto_groups=anchor_auto_groups,
+            overlap=overlap, grader=grader, overlap_workers=overlap_workers,
         )  # fmt: skip
         super().__init__(env)
         wm = require_layer(env, VectorWorldModelWrapper, needed_by="VectorAnchorWrapper")
         scheduler = AnchorScheduler(fraction, min_per_step, max_concurrent, seed, groups_per_step)
         self._core = _AnchorCore(scheduler, self.num_envs, wm.set_mode, auto_group_size, anchor_auto_groups)
         self._steps = VectorSteps(env)
+        if overlap and grader is None:  # a SyncVectorEnv's first sub-env grades any request
+            sub_envs = getattr(env.unwrapped, "envs", None)
+            grader = getattr(sub_envs[0].unwrapped, "grade", None) if sub_envs else None
+        self._setup_overlap(overlap, grader, overlap_workers, wm)
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
         options = dict(options or {})
@@ -393,17 +562,43 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper, RecordConstructorArgs):
         # first: a refused reset joins no group
         obs, infos = self.env.reset(seed=seed, options=options)  # type: ignore[arg-type]  # gymnasium types seed int | None; vector envs take lists
 
+        self._land_ready()
         for i in slots:
             put_info(infos, self.num_envs, i, self._core.start(i, group_id, size))
         return obs, infos
 
+    def _overlap_requests(self, stepped: np.ndarray, actions: Any) -> dict[int, tuple[int, Any]]:
+        """Overlap mode: ``{slot: (ticket, request)}`` of the anchor members graded this step."""
+        tickets = {i: t for i in np.flatnonzero(stepped).tolist() if (t := self._core.overlap_ticket(i)) is not None}
+        if not tickets:
+            return {}
+        from gymnasium.vector.utils import iterate
+
+        seam_env: Any = self.env.unwrapped  # the vector env of the sub-envs (wrappers do not forward call)
+        seam_env.set_attr(
+            "pending_action", [a if stepped[i] else None for i, a in enumerate(iterate(self.action_space, actions))]
+        )
+        requests = seam_env.call("pending_grading_request")
+        return {i: (t, requests[i]) for i, t in tickets.items() if requests[i] is not None}
+
     def step(self, actions: Any):
         stepped = self._steps.stepped()
+        deferred = self._overlap_requests(stepped, actions)
         obs, rewards, terminated, truncated, infos = self.env.step(actions)
         ended, restarted = self._steps.on_step(stepped, terminated, truncated)
         for i in np.flatnonzero(stepped).tolist():
             target = self._steps.step_info_target(infos, ended, i)
-            put_info(target, self.num_envs, i, self._core.step(i, sub_info(target, i, _READS), bool(ended[i])))
+            seen = sub_info(target, i, _READS)
+            if i in deferred:
+                assert self._background is not None  # tickets exist only in overlap mode
+                self._background.submit(deferred[i][0], deferred[i][1], seen.get("wm_score"))
+            put_info(target, self.num_envs, i, self._core.step(i, seen, bool(ended[i]), deferred=i in deferred))
+        self._land_ready()
         for i in np.flatnonzero(restarted).tolist():
             put_info(infos, self.num_envs, i, self._core.start(i, None, None))
         return obs, rewards, terminated, truncated, infos
+
+    def close(self, **kwargs: Any) -> None:
+        if self._background is not None:
+            self._background.close()
+        super().close(**kwargs)

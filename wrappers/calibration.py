@@ -242,6 +242,7 @@ def _attach(calibrator: Calibrator, anchor: _AnchorBase, world_model: _WorldMode
         world_model.score_transform = calibrator.score_transform
     core = anchor._core
     core.step_listeners.append(calibrator.begin_step)
+    core.landing_listeners.append(calibrator.step)  # overlap mode: pairs and results as they land
     return core
 
 
@@ -394,7 +395,9 @@ class VectorCalibrationWrapper(_CalibrationBase, VectorWrapper, RecordConstructo
         return obs, rewards, terminated, truncated, infos
 
 
-_LAYERS = (("world_model", _WorldModelBase), ("anchor", _AnchorBase), ("calibration", _CalibrationBase))
+# The anchor layer first: with overlap, its state_dict lands the real gradings in flight,
+# which moves the world-model layer's counters and the calibration layer's pairs.
+_LAYERS = (("anchor", _AnchorBase), ("world_model", _WorldModelBase), ("calibration", _CalibrationBase))
 
 
 def stack_state_dict(env: Any) -> dict[str, Any]:

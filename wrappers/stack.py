@@ -43,6 +43,7 @@ def build_stack(
     anchor_min_per_step: int = 1,
     seed: int = 0,
     calibration: CalibrationConfig | None = None,
+    anchor_overlap: bool = False,
 ) -> Any:
     """Wrap ``env`` (an OutcomeSeam env, single or vector) as the stack ``kind``.
 
@@ -55,6 +56,9 @@ def build_stack(
         anchor_fraction / anchor_min_per_step / seed: the ``AnchorWrapper``'s target share
             of anchor groups, per-step floor and anchor-choice seed (``wmrl`` only).
         calibration: the ``CalibrationWrapper``'s settings (default: the paper's constants).
+        anchor_overlap: grade anchor groups for real in the background, overlapping the rest
+            of the step (``AnchorWrapper(overlap=True)``; ``wmrl`` only; a single env or a
+            ``SyncVectorEnv``).
     """
     if kind not in STACKS:
         raise ValueError(f"unknown stack {kind!r}; choose from {STACKS}")
@@ -71,5 +75,5 @@ def build_stack(
     env = world(env, world_model, mode="env" if kind == "real" else "wm")
     if kind in ("real", "wm"):
         return env
-    env = anchor(env, fraction=anchor_fraction, min_per_step=anchor_min_per_step, seed=seed)
+    env = anchor(env, fraction=anchor_fraction, min_per_step=anchor_min_per_step, seed=seed, overlap=anchor_overlap)
     return calibrate(env, calibration)

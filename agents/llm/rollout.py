@@ -149,7 +149,9 @@ class Rollout:
             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, batch_size=generation_batch_size
         )
         self.idle_action = idle_action
-        self.has_anchor = find_layer(env, (AnchorWrapper, VectorAnchorWrapper)) is not None
+        anchor = find_layer(env, (AnchorWrapper, VectorAnchorWrapper))
+        self.has_anchor = anchor is not None
+        self.overlap_layer = anchor if anchor is not None and anchor.overlap else None
 
     # ----- env plumbing -------------------------------------------------------------
     def _reset(self, slots: Sequence[int], options: dict[str, Any]) -> list[tuple[Any, dict[str, Any]]]:
@@ -187,7 +189,29 @@ class Rollout:
         episodes: list[Episode] = []
         for start in range(0, len(groups), per_round):
             episodes.extend(self._round(groups[start : start + per_round], timer, seed))
+        if self.overlap_layer is not None:
+            with timer.measure("anchor_wait"):
+                records = self.overlap_layer.collect(wait=True)
+            self.land_anchor_rewards(episodes, records)
         return episodes
+
+    @staticmethod
+    def land_anchor_rewards(episodes: Sequence[Episode], records: Sequence[dict[str, Any]]) -> int:
+        """Overlap mode: give anchor members their real rewards from
+        :meth:`~wrappers.anchor.AnchorWrapper.collect` records (matched by ``anchor_ticket``);
+        their source becomes ``"env"`` as in a synchronous anchor group. Returns how many."""
+        by_ticket = {r["ticket"]: r for r in records}
+        patched = 0
+        for e in episodes:
+            record = by_ticket.get(e.final_info.get("anchor_ticket"))
+            if record is None or not record["graded"]:
+                continue
+            e.reward = None if record["reward"] is None else float(record["reward"])
+            e.source = "env"
+            if record["group_result"] is not None:
+                e.final_info = {**e.final_info, "group_result": record["group_result"]}
+            patched += 1
+        return patched
 
     def _round(self, groups: Sequence[tuple[str, Hashable]], timer: PhaseTimer, seed: int | None) -> list[Episode]:
         episodes: list[Episode] = []
