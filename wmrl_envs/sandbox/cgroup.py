@@ -17,8 +17,8 @@ cgroup (so any limit above it still applies), in a ``wmrl-sandbox`` directory:
   (Written to the kernel's documented interface but not exercised on the v1-only machines
   this project is tested on.)
 
-Nothing host-wide changes: every cgroup this module creates is removed by the run that
-created it, or -- when that process was SIGKILLed -- by :func:`sweep_stale` at the next
+Nothing host-wide changes: every cgroup this module creates (the ``wmrl-sandbox`` parent
+included, once empty) is removed by the run that created it, or -- when that process was SIGKILLed -- by :func:`sweep_stale` at the next
 executor start (groups are named ``<pid>-<starttime>-<n>``).
 
 Classes: :class:`RunCgroup`. Functions: :func:`sweep_stale`, :func:`available`.
@@ -105,13 +105,18 @@ class RunCgroup:
         try:
             v2 = _is_v2()
             for controller, base in _group_bases().items():
-                if v2:
-                    _prepare_v2(base)
-                else:
-                    base.mkdir(exist_ok=True)
-                d = base / name
-                d.mkdir()
-                made[controller] = d
+                for attempt in range(5):  # another run may remove an empty base between our two mkdirs
+                    if v2:
+                        _prepare_v2(base)
+                    else:
+                        base.mkdir(exist_ok=True)
+                    try:
+                        (base / name).mkdir()
+                        break
+                    except FileNotFoundError:
+                        if attempt == 4:
+                            raise
+                made[controller] = base / name
             cg = cls(made, v2)
             cg._limit(memory_bytes, max_pids)
             return cg
@@ -218,7 +223,13 @@ class RunCgroup:
             self.kill_all()
         except Exception as e:  # noqa: BLE001 -- cleanup must not raise out of a run
             log.warning("wmrl sandbox: killing cgroup members failed: %r", e)
-        return all([_rmdir(d) for d in self.dirs.values()])
+        gone = all([_rmdir(d) for d in self.dirs.values()])
+        for d in self.dirs.values():  # the wmrl-sandbox parent too, once no run uses it
+            try:
+                d.parent.rmdir()
+            except OSError:  # other runs' groups still in it (or already removed)
+                pass
+        return gone
 
 
 def _rmdir(d: Path) -> bool:
