@@ -465,7 +465,145 @@ def test_default_model_is_shipped_small_and_ranks_held_out_pool():
     assert np.mean(strong) > np.mean(weak) + 0.1, (strong, weak)
 
 
-@pytest.mark.parametrize("module", ["base", "logs", "features", "code_outcome", "fidelity", "noisy_oracle", "lm"])
+# ------------------------------------------------ transfer: ranking, corpus, confidence
+def test_pairwise_ranker_learns_order_within_groups_not_offsets():
+    from wmrl_envs.world_models.ranker import PairwiseBoostedRanker, pairwise_gradients
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(200, 4))
+    groups = np.repeat(np.arange(10), 20)
+    y = np.sin(X[:, 0]) + X[:, 1] + 10.0 * groups  # huge per-group offsets carry no order information
+    r = PairwiseBoostedRanker(n_rounds=40, min_samples_leaf=5).fit(X, y, groups)
+    assert r.loss_[-1] < r.loss_[0]
+    Xt = rng.normal(size=(60, 4))
+    from scipy.stats import spearmanr
+
+    assert spearmanr(r.decision_function(Xt), np.sin(Xt[:, 0]) + Xt[:, 1]).statistic > 0.8
+    g, h, _ = pairwise_gradients(np.zeros(3), np.array([1.0, 1.0, 1.0]), np.zeros(3))
+    assert not g.any() and not h.any()  # all ties: nothing to learn
+
+
+def test_transfer_metrics_pairwise_accuracy_ece_and_by_status():
+    from wmrl_envs.world_models.transfer import expected_calibration_error, pairwise_accuracy, ranking_metrics
+
+    assert pairwise_accuracy([0.5, 0.5], [0.1, 0.9]) == 0.5  # tied prediction: one half
+    assert pairwise_accuracy([0.1, 0.2], [0.3, 0.3]) is None  # no informative pair
+    assert expected_calibration_error([1.0, 1.0], [1, 0]) == 0.5
+    ctx = {"meta": {"n_train": 500}}
+    recs = [
+        LogRecord("a", "x", ctx, Outcome("valid", 0.9)),
+        LogRecord("a", "x", ctx, Outcome("valid", 0.6)),
+        LogRecord("a", "x", ctx, Outcome("runtime_error", 0.1, metrics={"exec_status": "killed_memory"})),
+        LogRecord("a", "x", ctx, None),  # unknown truth: ignored
+    ]
+    preds = [Outcome("valid", 0.8), Outcome("valid", 0.7), Outcome("valid", 0.75), None]
+    m = ranking_metrics(preds, recs)
+    assert m["n_records"] == 3 and m["pairwise_accuracy"] == pytest.approx(2 / 3)
+    assert m["status_accuracy_by_status"]["runtime_error"] == {"n": 1, "accuracy": 0.0}
+    assert m["n_memory_failures"] == 1 and m["memory_failure_status_accuracy"] == 0.0
+
+
+def test_leave_tasks_out_never_fits_on_the_predicted_dataset(logs):
+    from wmrl_envs.world_models.transfer import leave_tasks_out
+
+    seen: list[set[str]] = []
+
+    class Spy:
+        def __init__(self, train):
+            seen.append({r.task_id for r in train})
+
+        def predict(self, contexts, actions):
+            return [Outcome("valid", 0.5, source="wm") for _ in actions]
+
+    preds = leave_tasks_out(logs, Spy, n_folds=3, progress=False)
+    assert len(seen) == 3 and all(p is not None for p in preds)
+    for train_tasks in seen:  # each fold's model never saw the tasks it predicted
+        held = {r.task_id for r in logs} - train_tasks
+        assert held and not held & train_tasks
+    assert set.union(*({r.task_id for r in logs} - s for s in seen)) == {r.task_id for r in logs}
+
+
+def test_transfer_model_with_ranker_ensemble_confidence_round_trip(tmp_path, split):
+    train, test = split
+    cfg = CodeOutcomeConfig(
+        max_iter=40, min_samples_leaf=3, transfer_features=True, percentile_head="both", n_ensemble=3, rank_rounds=20
+    )
+    m = CodeOutcomeModel(cfg).fit(train)
+    ctx, codes = [r.context for r in test[:20]], [r.code for r in test[:20]]
+    out = m.predict(ctx, codes)
+    valid = [o for o in out if o is not None and o.status == "valid"]
+    assert valid and all(0 <= o.metrics["confidence"] <= o.metrics["p_status"]["valid"] + 1e-9 for o in valid)
+    assert any(o.metrics["percentile_std"] > 0 for o in valid)  # members disagree somewhere
+    back = CodeOutcomeModel.load(m.save(tmp_path / "m"))
+    assert [o.score for o in back.predict(ctx, codes)] == [o.score for o in out]  # type: ignore[union-attr]
+    from wmrl_envs.world_models.transfer import ranking_metrics
+
+    assert (
+        ranking_metrics(m.predict([r.context for r in test], [r.code for r in test]), test)["spearman_within_task"]
+        > 0.5
+    )
+
+
+def test_transfer_features_are_relative_to_the_data():
+    from wmrl_envs.world_models.features import TRANSFER_FEATURES, ScriptFeaturizer, transfer_features
+
+    code = _script("forest", "binary", 100)
+    small = dict(
+        zip(
+            TRANSFER_FEATURES,
+            transfer_features({"meta.n_train": 1000, "meta.metric": "accuracy"}, summarize_script(code)),
+        )
+    )
+    large = dict(
+        zip(
+            TRANSFER_FEATURES,
+            transfer_features({"meta.n_train": 100000, "meta.metric": "accuracy"}, summarize_script(code)),
+        )
+    )
+    assert large["fit:log10_ensemble_work"] - small["fit:log10_ensemble_work"] == pytest.approx(2.0)
+    f = ScriptFeaturizer(n_hash=8, transfer_features=True).fit([{"origin": "byo"}], [code])
+    g = ScriptFeaturizer.from_state_dict(f.state_dict())
+    assert g.transfer_features and g.n_features == f.n_features == len(f.feature_names())
+    # the origin token (how a task was made) is left out: catalog and BYO contexts featurize alike
+    a = f.transform([{"origin": "byo"}], [code])
+    b = f.transform([{"origin": "catalog"}], [code])
+    assert np.array_equal(a, b, equal_nan=True)
+
+
+def test_corpus_target_pick_sources_and_dataset_groups():
+    import pandas as pd
+
+    from wmrl_envs.world_models.corpus import corpus_sources, dataset_of, pick_target
+
+    df = pd.DataFrame({"row": range(500), "label": ["a", "b"] * 250, "value": np.linspace(0, 1, 500), "const": 1})
+    picks = {pick_target(df, seed) for seed in range(20)}
+    assert picks == {("label", "binary"), ("value", "regression")}  # never the row index or a constant
+    assert pick_target(pd.DataFrame({"row": range(400)})) is None
+    sources = corpus_sources()
+    assert sources == corpus_sources() and len({s.task_id for s in sources}) == len(sources)
+    catalog_items = {"default", "hmda", "diamonds", "birthdays", "flights", "movies", "cps1988"}
+    assert not {s.dataset for s in sources} & catalog_items
+    assert dataset_of("diamonds_price") == dataset_of("diamonds_cut") == "diamonds"
+
+
+def test_shipped_corpus_logs_are_real_pool_runs():
+    from wmrl_envs.world_models.corpus import corpus_root, read_corpus
+
+    if not any(corpus_root().glob("*.jsonl.gz")):
+        pytest.skip("no corpus logs shipped")
+    recs = read_corpus()
+    assert all(r.origin == "corpus-pool" and isinstance(r.context.get("dataset"), str) for r in recs)
+    assert sum(f.stat().st_size for f in corpus_root().iterdir()) < 20 << 20
+    by_task: dict[str, int] = {}
+    for r in recs:
+        by_task[r.task_id] = by_task.get(r.task_id, 0) + (r.known and r.outcome.status == "valid")  # type: ignore[union-attr]
+    assert min(by_task.values()) >= 10  # every task has a real leaderboard of valid runs
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["base", "logs", "features", "code_outcome", "fidelity", "noisy_oracle", "lm", "ranker", "transfer", "corpus"],
+)
 def test_docstring_examples_run(module):
     import doctest
     import importlib

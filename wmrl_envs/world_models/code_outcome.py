@@ -39,6 +39,7 @@ import joblib
 import numpy as np
 import sklearn
 from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+from sklearn.isotonic import IsotonicRegression
 from threadpoolctl import threadpool_limits
 
 from wmrl_envs.autoresearch.grading import LADDER, compile_gate, ladder_score
@@ -46,8 +47,9 @@ from wmrl_envs.outcome import Outcome
 from wmrl_envs.world_models.base import check_batch
 from wmrl_envs.world_models.features import ScriptFeaturizer, ScriptSummary
 from wmrl_envs.world_models.logs import LogRecord
+from wmrl_envs.world_models.ranker import PairwiseBoostedRanker
 
-__all__ = ["CodeOutcomeConfig", "CodeOutcomeModel", "DEFAULT_MODEL_DIR", "percentile_of"]
+__all__ = ["CodeOutcomeConfig", "CodeOutcomeModel", "DEFAULT_MODEL_DIR", "percentile_of", "confidence"]
 
 #: Where the fitted default model ships (package data).
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
@@ -77,6 +79,19 @@ class CodeOutcomeConfig:
             the memory limit, rows, rows per second of the time limit), what lets the model
             see memory and time failures coming on big tables (default True; models saved
             before it existed load with False).
+        transfer_features: give the featurizer the task-relative block
+            (:data:`~wmrl_envs.world_models.features.TRANSFER_FEATURES`) and drop the
+            ``origin`` token (default False; models saved before it existed load with False).
+        percentile_head: what predicts a valid run's leaderboard percentile: ``"regressor"``
+            (boosted trees on the percentile, default), ``"ranker"`` (a
+            :class:`~wmrl_envs.world_models.ranker.PairwiseBoostedRanker` fitted for the
+            order within each task, mapped to percentiles by an isotonic fit on the
+            training rows) or ``"both"`` (the mean of the two).
+        rank_rounds: boosting rounds of the ranker (default 150).
+        n_ensemble: members of the percentile head, each fitted on a bootstrap sample of
+            the training *tasks* (default 1: one member on everything). With more than one,
+            their spread is the prediction's uncertainty: ``metrics["percentile_std"]``
+            and a lower ``metrics["confidence"]``.
         n_threads: OpenMP threads for fitting and prediction (default 1; ``None`` = all
             cores). One thread is the default because the model is small and OpenMP
             spin-waiting on a busy or shared machine is catastrophically slow (measured
@@ -95,10 +110,18 @@ class CodeOutcomeConfig:
     seed: int = 0
     n_threads: int | None = 1
     size_features: bool = True
+    transfer_features: bool = False
+    percentile_head: Literal["regressor", "ranker", "both"] = "regressor"
+    rank_rounds: int = 150
+    n_ensemble: int = 1
 
     def __post_init__(self) -> None:
         if self.score_mode not in ("expected", "argmax"):
             raise ValueError(f"score_mode must be 'expected' or 'argmax', got {self.score_mode!r}")
+        if self.percentile_head not in ("regressor", "ranker", "both"):
+            raise ValueError(f"percentile_head must be 'regressor', 'ranker' or 'both', got {self.percentile_head!r}")
+        if self.n_ensemble < 1:
+            raise ValueError(f"n_ensemble must be >= 1, got {self.n_ensemble}")
         if self.anchor_weight <= 0:
             raise ValueError(f"anchor_weight must be > 0, got {self.anchor_weight}")
 
@@ -130,15 +153,20 @@ class CodeOutcomeModel:
 
     def __init__(self, config: CodeOutcomeConfig | None = None) -> None:
         self.config = config or CodeOutcomeConfig()
-        self.featurizer = ScriptFeaturizer(n_hash=self.config.n_hash, size_features=self.config.size_features)
+        self.featurizer = self._new_featurizer()
         self.classes_: list[str] = []
         self._classifier: HistGradientBoostingClassifier | None = None
         self._regressor: HistGradientBoostingRegressor | None = None
         self._cls_cols: np.ndarray | None = None  # boolean column masks of the two models
         self._reg_cols: np.ndarray | None = None
         self._constant_percentile: float | None = None
+        self._members: list[tuple[Any, Any]] = []  # percentile-head members: (estimator, isotonic map or None)
         self._train: dict[str, np.ndarray] | None = None
         self.info: dict[str, Any] = {}
+
+    def _new_featurizer(self) -> ScriptFeaturizer:
+        c = self.config
+        return ScriptFeaturizer(n_hash=c.n_hash, size_features=c.size_features, transfer_features=c.transfer_features)
 
     # ------------------------------------------------------------------ fitting
     @property
@@ -153,9 +181,7 @@ class CodeOutcomeModel:
             raise ValueError(
                 f"no usable records among {len(records)}: every one failed to compile or had an unknown outcome"
             )
-        self.featurizer = ScriptFeaturizer(n_hash=self.config.n_hash, size_features=self.config.size_features).fit(
-            [r.context for r in usable], [r.code for r in usable]
-        )
+        self.featurizer = self._new_featurizer().fit([r.context for r in usable], [r.code for r in usable])
         arrays = self._arrays(usable)
         self._fit_arrays(*arrays)
         self.info = {
@@ -182,22 +208,26 @@ class CodeOutcomeModel:
             return self
         old = self._train
         new = self._arrays(usable)
+        old_group = old.get("group", np.array([""] * len(old["status"])))
         self._fit_arrays(
             np.vstack([old["X"], new[0]]),
-            *(np.concatenate([old[k], v]) for k, v in zip(("status", "pct", "weight"), new[1:])),
+            np.concatenate([old["status"], new[1]]),
+            np.concatenate([old["pct"], new[2]]),
+            np.concatenate([old["weight"], new[3]]),
+            np.concatenate([old_group, new[4]]),
         )
         self.info["n_used"] = len(self._train["status"])
         self.info["n_updates"] = self.info.get("n_updates", 0) + 1
         return self
 
-    def _arrays(self, usable: Sequence[LogRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(features, status labels, valid percentiles (NaN otherwise), sample weights)."""
+    def _arrays(self, usable: Sequence[LogRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(features, status labels, valid percentiles (NaN otherwise), sample weights, task ids)."""
         X = self.featurizer.transform([r.context for r in usable], [r.code for r in usable])
         outcomes = [_logged_outcome(r) for r in usable]
         status = np.array([o.status for o in outcomes])
         pct = np.array([np.nan if (p := percentile_of(o)) is None else p for o in outcomes], dtype=np.float64)
         weight = np.array([self.config.anchor_weight if r.origin == "anchor" else 1.0 for r in usable])
-        return X, status, pct, weight
+        return X, status, pct, weight, np.array([r.task_id for r in usable])
 
     def _tree_kwargs(self) -> dict[str, Any]:
         c = self.config
@@ -207,11 +237,15 @@ class CodeOutcomeModel:
             early_stopping=False, random_state=c.seed,
         )  # fmt: skip
 
-    def _fit_arrays(self, X: np.ndarray, status: np.ndarray, pct: np.ndarray, weight: np.ndarray) -> None:
+    def _fit_arrays(
+        self, X: np.ndarray, status: np.ndarray, pct: np.ndarray, weight: np.ndarray, group: np.ndarray
+    ) -> None:
         with threadpool_limits(limits=self.config.n_threads):
-            self._fit_arrays_unlimited(X, status, pct, weight)
+            self._fit_arrays_unlimited(X, status, pct, weight, group)
 
-    def _fit_arrays_unlimited(self, X: np.ndarray, status: np.ndarray, pct: np.ndarray, weight: np.ndarray) -> None:
+    def _fit_arrays_unlimited(
+        self, X: np.ndarray, status: np.ndarray, pct: np.ndarray, weight: np.ndarray, group: np.ndarray
+    ) -> None:
         self.classes_ = sorted(set(status.tolist()))
         self._classifier, self._cls_cols = None, None
         if len(self.classes_) > 1:
@@ -223,17 +257,48 @@ class CodeOutcomeModel:
             )
         valid = ~np.isnan(pct)
         self._regressor, self._reg_cols, self._constant_percentile = None, None, None
+        self._members = []
         if valid.sum() >= 2 * self.config.min_samples_leaf:
             Xv = X[valid]
             self._reg_cols = ~np.isnan(Xv).all(axis=0)
-            self._regressor = HistGradientBoostingRegressor(**self._tree_kwargs()).fit(
-                Xv[:, self._reg_cols], pct[valid], sample_weight=weight[valid]
-            )
+            self._members = self._fit_members(Xv[:, self._reg_cols], pct[valid], weight[valid], group[valid])
+            self._regressor = self._members[0][0] if self.config.percentile_head == "regressor" else None
         elif valid.any():
             self._constant_percentile = float(np.average(pct[valid], weights=weight[valid]))
         self._train = (
-            {"X": X, "status": status, "pct": pct, "weight": weight} if self.config.keep_training_data else None
+            {"X": X, "status": status, "pct": pct, "weight": weight, "group": group}
+            if self.config.keep_training_data
+            else None
         )
+
+    def _fit_members(self, X: np.ndarray, y: np.ndarray, w: np.ndarray, group: np.ndarray) -> list[tuple[Any, Any]]:
+        """The percentile head: ``n_ensemble`` members, each on a bootstrap of the tasks (one member: all)."""
+        c = self.config
+        tasks = np.unique(group)
+        rng = np.random.default_rng(c.seed)
+        members: list[tuple[Any, Any]] = []
+        for m in range(c.n_ensemble):
+            if c.n_ensemble == 1:
+                idx = np.arange(len(y))
+            else:
+                pick = rng.choice(tasks, size=len(tasks), replace=True)
+                idx = np.concatenate([np.flatnonzero(group == t) for t in pick])
+            kw = {**self._tree_kwargs(), "random_state": c.seed + m}
+            Xb = X[idx]
+            empty = np.isnan(Xb).all(axis=0)
+            if empty.any():  # a column the drawn tasks never fill: constant here, so never split on
+                Xb = Xb.copy()
+                Xb[:, empty] = 0.0
+            if c.percentile_head in ("regressor", "both"):
+                members.append((HistGradientBoostingRegressor(**kw).fit(Xb, y[idx], sample_weight=w[idx]), None))
+            if c.percentile_head in ("ranker", "both"):
+                ranker = PairwiseBoostedRanker(
+                    n_rounds=c.rank_rounds, max_leaf_nodes=c.max_leaf_nodes,
+                    min_samples_leaf=c.min_samples_leaf, seed=c.seed + m,
+                ).fit(Xb, y[idx], [f"{g}#{i}" for g, i in zip(group[idx], _copy_index(idx))])  # fmt: skip
+                iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip")
+                members.append((ranker, iso.fit(ranker.decision_function(Xb), y[idx], sample_weight=w[idx])))
+        return members
 
     # --------------------------------------------------------------- prediction
     def predict_proba(
@@ -254,9 +319,22 @@ class CodeOutcomeModel:
         return self._classifier.predict_proba(X[:, self._cls_cols])
 
     def _percentile(self, X: np.ndarray) -> np.ndarray:
-        if self._regressor is not None:
-            return np.clip(self._regressor.predict(X[:, self._reg_cols]), 0.0, 1.0)
-        return np.full(len(X), np.nan if self._constant_percentile is None else self._constant_percentile)
+        return self._percentile_spread(X)[0]
+
+    def _percentile_spread(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, spread) of the percentile head's members; spread 0 with one member."""
+        members = self._members or ([(self._regressor, None)] if self._regressor is not None else [])
+        if not members:
+            const = np.nan if self._constant_percentile is None else self._constant_percentile
+            return np.full(len(X), const), np.zeros(len(X))
+        Xr = X[:, self._reg_cols]
+        preds = []
+        for est, iso in members:
+            p = est.predict(Xr) if iso is None else iso.predict(est.decision_function(Xr))
+            preds.append(np.clip(p, 0.0, 1.0))
+        # "both": a regressor and a ranker per ensemble member, averaged together
+        per = np.asarray(preds).reshape(self.config.n_ensemble, -1, len(X)).mean(axis=1)
+        return per.mean(axis=0), per.std(axis=0)
 
     def predict(self, contexts: Sequence[Mapping[str, Any]], actions: Sequence[Any]) -> list[Outcome | None]:
         """Predicted outcomes, one per (context, script); ``None`` where the model cannot
@@ -274,16 +352,16 @@ class CodeOutcomeModel:
             summaries = self.featurizer.summaries(ctx, codes)
             X = self.featurizer.transform(ctx, codes, summaries)
             with threadpool_limits(limits=self.config.n_threads):
-                proba, pct = self._proba(X), self._percentile(X)
+                proba, (pct, spread) = self._proba(X), self._percentile_spread(X)
             for row, i in enumerate(todo):
-                out[i] = self._outcome(proba[row], pct[row], summaries[row])
+                out[i] = self._outcome(proba[row], pct[row], summaries[row], float(spread[row]))
         cost = (time.perf_counter() - start) / max(1, len(actions))
         for i, g in enumerate(gated):
             if g is not None:
                 out[i] = g
         return [None if o is None else _with_cost(o, cost) for o in out]
 
-    def _outcome(self, proba: np.ndarray, pct: float, summary: ScriptSummary) -> Outcome | None:
+    def _outcome(self, proba: np.ndarray, pct: float, summary: ScriptSummary, spread: float = 0.0) -> Outcome | None:
         p = {s: float(q) for s, q in zip(self.classes_, proba)}
         status = max(p, key=p.__getitem__)
         pct_known = not math.isnan(pct)
@@ -299,6 +377,8 @@ class CodeOutcomeModel:
         metrics: dict[str, Any] = {"p_status": p}
         if pct_known:
             metrics["percentile"] = float(pct)
+            metrics["percentile_std"] = spread
+        metrics["confidence"] = confidence(p[status], spread if pct_known and status == "valid" else 0.0)
         return Outcome(
             status,
             min(1.0, max(0.0, score)),
@@ -319,6 +399,7 @@ class CodeOutcomeModel:
             "regressor": self._regressor,
             "columns": (self._cls_cols, self._reg_cols),
             "constant_percentile": self._constant_percentile,
+            "members": self._members,
             "train": self._train,
             "info": self.info,
         }
@@ -330,7 +411,11 @@ class CodeOutcomeModel:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         joblib.dump(self.state_dict(), path / "model.joblib", compress=3)
-        meta = {k: v for k, v in self.state_dict().items() if k not in ("classifier", "regressor", "columns", "train")}
+        meta = {
+            k: v
+            for k, v in self.state_dict().items()
+            if k not in ("classifier", "regressor", "columns", "train", "members")
+        }
         (path / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         return path
 
@@ -348,12 +433,14 @@ class CodeOutcomeModel:
                 f"{file} was fitted with scikit-learn {d['sklearn_version']}, running {sklearn.__version__}; refit if predictions look off",
                 stacklevel=2,
             )
-        model = cls(CodeOutcomeConfig(**{"size_features": False, **d["config"]}))  # saved before size features: without
+        # saved before size / transfer features: without them
+        model = cls(CodeOutcomeConfig(**{"size_features": False, "transfer_features": False, **d["config"]}))
         model.featurizer = ScriptFeaturizer.from_state_dict(d["featurizer"])
         model.classes_ = list(d["classes"])
         model._classifier, model._regressor = d["classifier"], d["regressor"]
         model._cls_cols, model._reg_cols = d["columns"]
         model._constant_percentile = d["constant_percentile"]
+        model._members = list(d.get("members") or [])  # saved before ensembles: the regressor alone
         model._train = d["train"]
         model.info = dict(d["info"])
         return model
@@ -366,6 +453,27 @@ class CodeOutcomeModel:
                 f"no default CodeOutcomeModel shipped at {DEFAULT_MODEL_DIR}; fit one with `wmrl-wm fit`"
             )
         return cls.load(DEFAULT_MODEL_DIR)
+
+
+def confidence(p_status: float, percentile_std: float, scale: float = 0.1) -> float:
+    """Confidence of one prediction in [0, 1]: the probability of the predicted status, shrunk
+    by the ensemble's spread of the valid percentile (``exp(-std / scale)``).
+
+    >>> confidence(0.9, 0.0), round(confidence(0.9, 0.1), 3)
+    (0.9, 0.331)
+    """
+    return float(p_status * math.exp(-percentile_std / scale))
+
+
+def _copy_index(idx: np.ndarray) -> list[int]:
+    """For a bootstrap index, which copy of its task each row belongs to (tasks drawn twice
+    are two groups, so the ranker never pairs a row with its own duplicate)."""
+    seen: dict[int, int] = {}
+    out = []
+    for i in idx.tolist():
+        out.append(seen.get(i, 0))
+        seen[i] = seen.get(i, 0) + 1
+    return out
 
 
 def _usable(records: Sequence[LogRecord]) -> list[LogRecord]:

@@ -15,9 +15,10 @@ matrices over the memory limit, slow fits) at a fraction of the full tier's CPU 
 
 Honest time limits under CPU contention: a run gets ``cpu_seconds`` = the task's time limit
 but a wall budget of ``wall_factor`` (2.5) times it, so a script starved by other processes
-is not logged as a timeout it would not have had. A timeout whose CPU time is under 90% of
-the limit is logged with an unknown outcome (``None``: never a label), as is a run whose
-sandbox failed.
+is not logged as a timeout it would not have had. A reference run's timeout whose CPU time
+is under 90% of the limit is logged with an unknown outcome (``None``: never a label), as
+is a run whose sandbox failed. (The first corpus run also logged the deliberate ``sleep``
+probe, which times out by design, as unknown; the catalog's logs hold 36 such probes.)
 
 Resumable and budgeted: a task whose ``<task_id>.jsonl.gz`` exists is skipped; skipped or
 failed sources are recorded in ``state.json``; no new task starts after ``budget_minutes``.
@@ -292,8 +293,13 @@ def run_task_pool(task: Any, executor: Any, *, wall_factor: float = 2.5, progres
             first[sol.solution_id] = None
         else:
             o = outcome_from_execution(task, r, None, answers=answers)
-            cap = 3.0 if sol.timeout_probe else lim["wall_seconds"]
-            starved = o.status == "timeout" and (r.cpu_seconds is None or r.cpu_seconds < 0.9 * cap)
+            # The sleep probe times out by design; a reference run that hit the (stretched)
+            # wall budget before using its CPU budget was starved by other processes.
+            starved = (
+                o.status == "timeout"
+                and not sol.timeout_probe
+                and (r.cpu_seconds is None or r.cpu_seconds < 0.9 * lim["wall_seconds"])
+            )
             first[sol.solution_id] = None if starved else o
     board = [
         o.metrics["value"]

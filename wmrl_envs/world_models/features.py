@@ -58,6 +58,8 @@ __all__ = [
     "HYPERPARAMETERS",
     "SIZE_FEATURES",
     "DENSE_ONEHOT_COPIES",
+    "TRANSFER_FEATURES",
+    "transfer_features",
 ]
 
 ESTIMATOR_FAMILIES: Mapping[str, frozenset[str]] = {
@@ -143,6 +145,18 @@ SIZE_FEATURES = (
 #: Dense float64 copies of the one-hot training matrix alive at once while a
 #: ``ColumnTransformer`` fits (the encoder's output and ``np.hstack``'s copy of it).
 DENSE_ONEHOT_COPIES = 2
+#: Task meta-features that matter for ranking, normalised so they transfer across tables,
+#: and solution features relative to the data (see :func:`transfer_features`).
+TRANSFER_FEATURES = (
+    "task:log10_rows", "task:log10_cols", "task:categorical_share", "task:log10_max_cardinality",
+    "task:max_cardinality_per_row", "task:onehot_width_per_row", "task:missing_fraction", "task:n_classes",
+    "task:minority_fraction", "task:is_binary", "task:is_multiclass", "task:is_regression",
+    "task:metric_proba", "task:metric_label", "task:metric_log", "task:metric_r2",
+    "fit:log10_rows_x_width", "fit:width_per_row", "fit:knn_k_per_row", "fit:log10_min_leaf_per_row",
+    "fit:subsample", "fit:uses_proba", "fit:proba_metric_without_proba", "fit:log10_ensemble_work",
+)  # fmt: skip
+_PROBA_METRICS = frozenset({"roc_auc", "log_loss"})
+_LABEL_METRICS = frozenset({"accuracy", "macro_f1"})
 
 
 @dataclass
@@ -380,6 +394,72 @@ def size_features(flat: Mapping[str, Any], summary: ScriptSummary) -> tuple[list
     return values, tokens
 
 
+def _meta(flat: Mapping[str, Any], leaf: str) -> float:
+    """A finite number (>= 0) or boolean stored under ``leaf``, else NaN."""
+    for k, v in flat.items():
+        if _leaf(k) == leaf and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0:
+            return float(v)
+    return math.nan
+
+
+def transfer_features(flat: Mapping[str, Any], summary: ScriptSummary) -> list[float]:
+    """:data:`TRANSFER_FEATURES` of a flattened context and a script summary (NaN = unknown).
+
+    Task side: sizes on log scales and as ratios (a 40k-row table and a 600-row one differ
+    in scale, not in kind), categorical share and cardinality per row, missingness, class
+    count and imbalance, task type, and which kind of prediction the metric scores
+    (probabilities, labels, log-scale values, R^2). Solution side, relative to the data:
+    the cells the model fits (one-hot width when the script one-hot encodes, else the raw
+    column count), ``n_neighbors`` and ``min_samples_leaf`` per training row, a training
+    subsample share, whether probabilities are written where the metric needs them, and the
+    work of a tree ensemble (trees x rows).
+
+    >>> s = summarize_script("from sklearn.neighbors import KNeighborsClassifier\\nKNeighborsClassifier(n_neighbors=5)")
+    >>> f = dict(zip(TRANSFER_FEATURES, transfer_features({"meta.n_train": 500, "meta.metric": "roc_auc"}, s)))
+    >>> f["fit:knn_k_per_row"], f["task:metric_proba"], f["fit:proba_metric_without_proba"]
+    (0.01, 1.0, 1.0)
+    """
+    rows, cols = _meta(flat, "n_train"), _meta(flat, "n_cols")
+    n_cat, width = _meta(flat, "n_categorical"), _meta(flat, "onehot_width")
+    card = _meta(flat, "max_cardinality")
+    metric = next((v for k, v in flat.items() if _leaf(k) == "metric" and isinstance(v, str)), None)
+    task_type = next((v for k, v in flat.items() if _leaf(k) == "task_type" and isinstance(v, str)), None)
+    hp = summary.hyperparameters
+    onehot = summary.groups.get("encoder", 0) > 0 and any(
+        t in ("call:OneHotEncoder", "call:get_dummies") for t in summary.tokens
+    )
+    used = width if onehot else cols
+    proba = summary.counts.get("n_predict_proba", 0.0) > 0
+    trees = (
+        hp.get("n_estimators", math.nan)
+        if summary.families.get("forest") or summary.families.get("boosting")
+        else math.nan
+    )
+    if summary.families.get("boosting") and math.isnan(trees):
+        trees = hp.get("max_iter", 100.0)
+    subsample = next(
+        (v for k, v in (("test_size", hp.get("test_size")), ("subsample", hp.get("subsample"))) if v is not None),
+        math.nan,
+    )
+    train_size = next((t for t in summary.tokens if t == "kw:train_size"), None)
+
+    def log10(x: float) -> float:
+        return math.log10(x) if x > 0 else math.nan
+
+    return [
+        log10(rows), log10(cols), n_cat / cols if cols > 0 else math.nan, log10(card),
+        card / rows if rows > 0 else math.nan, width / rows if rows > 0 else math.nan,
+        _meta(flat, "missing_fraction"), _meta(flat, "n_classes"), _meta(flat, "minority_fraction"),
+        float(task_type == "binary"), float(task_type == "multiclass"), float(task_type == "regression"),
+        float(metric in _PROBA_METRICS), float(metric in _LABEL_METRICS), float(metric == "rmsle"), float(metric == "r2"),
+        log10(rows * used), used / rows if rows > 0 else math.nan,
+        hp.get("n_neighbors", math.nan) / rows if rows > 0 else math.nan,
+        log10(hp.get("min_samples_leaf", math.nan) / rows) if rows > 0 and "min_samples_leaf" in hp else math.nan,
+        subsample if train_size is None else 1.0, float(proba), float(metric in _PROBA_METRICS and not proba),
+        log10(trees * rows) if not math.isnan(trees) else math.nan,
+    ]  # fmt: skip
+
+
 class ScriptFeaturizer:
     """Turns (context, script) pairs into a dense float matrix; NaN marks "not present".
 
@@ -389,18 +469,23 @@ class ScriptFeaturizer:
         size_features: add the size-vs-limit block (:data:`SIZE_FEATURES` and size tokens;
             default True). Featurizers saved before the block existed load with False, so
             their models keep working unchanged.
+        transfer_features: add :data:`TRANSFER_FEATURES` and leave out the ``origin``
+            token (default False; featurizers saved before it existed load with False).
 
     >>> f = ScriptFeaturizer(n_hash=32).fit([{"n_train": 100}], ["print(1)"])
     >>> f.transform([{"n_train": 50}], ["import pandas as pd"]).shape == (1, f.n_features)
     True
     """
 
-    def __init__(self, n_hash: int = 256, max_meta_keys: int = 64, size_features: bool = True) -> None:
+    def __init__(
+        self, n_hash: int = 256, max_meta_keys: int = 64, size_features: bool = True, transfer_features: bool = False
+    ) -> None:
         if n_hash < 1:
             raise ValueError(f"n_hash must be >= 1, got {n_hash}")
         self.n_hash = n_hash
         self.max_meta_keys = max_meta_keys
         self.size_features = bool(size_features)
+        self.transfer_features = bool(transfer_features)
         self.meta_keys: list[str] = []
 
     def fit(self, contexts: Sequence[Mapping[str, Any]], codes: Sequence[str]) -> ScriptFeaturizer:
@@ -423,6 +508,7 @@ class ScriptFeaturizer:
             + len(_VALIDATION)
             + len(HYPERPARAMETERS)
             + len(SIZE_FEATURES) * self.size_features
+            + len(TRANSFER_FEATURES) * self.transfer_features
             + len(self.meta_keys)
             + self.n_hash
         )
@@ -434,6 +520,7 @@ class ScriptFeaturizer:
             + [f"group:{g}" for g in {**_PREPROCESSING, **_VALIDATION}]
             + [f"hp:{h}" for h in HYPERPARAMETERS]
             + (list(SIZE_FEATURES) if self.size_features else [])
+            + (list(TRANSFER_FEATURES) if self.transfer_features else [])
             + [f"ctx:{k}" for k in self.meta_keys]
             + [f"hash:{i}" for i in range(self.n_hash)]
         )
@@ -462,6 +549,8 @@ class ScriptFeaturizer:
                 row.append(math.copysign(math.log1p(abs(v)), v) if h in _COUNT_LIKE and not math.isnan(v) else v)
             size, size_tokens = size_features(flat, s) if self.size_features else ([], [])
             row += size
+            if self.transfer_features:
+                row += transfer_features(flat, s)
             for k in self.meta_keys:
                 meta = flat.get(k)
                 row.append(float(meta) if isinstance(meta, (int, float)) else math.nan)
@@ -469,7 +558,9 @@ class ScriptFeaturizer:
             ctx_tokens = [
                 f"ctx:{_leaf(k)}={v}"
                 for k, v in flat.items()
-                if _leaf(k) in _STRING_CONTEXT_KEYS and isinstance(v, str)
+                if _leaf(k) in _STRING_CONTEXT_KEYS
+                and isinstance(v, str)
+                and not (self.transfer_features and _leaf(k) == "origin")  # how a task was made never transfers
             ]
             token_lists.append(s.tokens + ctx_tokens + size_tokens)
         dense = np.asarray(rows, dtype=np.float64).reshape(len(rows), -1)
@@ -483,6 +574,7 @@ class ScriptFeaturizer:
             "max_meta_keys": self.max_meta_keys,
             "meta_keys": list(self.meta_keys),
             "size_features": self.size_features,
+            "transfer_features": self.transfer_features,
         }
 
     @classmethod
@@ -491,6 +583,7 @@ class ScriptFeaturizer:
             n_hash=int(d["n_hash"]),
             max_meta_keys=int(d["max_meta_keys"]),
             size_features=bool(d.get("size_features", False)),
+            transfer_features=bool(d.get("transfer_features", False)),
         )
         f.meta_keys = list(d["meta_keys"])
         return f
