@@ -147,7 +147,10 @@ def test_gym_ids_sampling_and_check_env():
     env = gym.make("wmrl/AutoResearch-v0", split="test")
     seen = {env.reset(seed=s)[1]["task_id"] for s in range(30)}
     assert seen <= set(list_catalog("test")) and len(seen) >= 4
-    _, info = env.reset(options={"task": "wage", "group_id": "g1"})
+    with pytest.raises(ValueError, match="'wage' is in the 'train' split"):  # a held-out env hands out no training task
+        env.reset(options={"task": "wage", "group_id": "g1"})
+    with pytest.warns(UserWarning, match="using train-split task 'wage'"):
+        _, info = env.reset(options={"task": "wage", "group_id": "g1", "any_split": True})
     assert info["task_id"] == "wage" and info["group_id"] == "g1" and info["metric"] == "rmse"
     with pytest.raises(ValueError, match="unknown reset options"):
         env.reset(options={"tsak": "wage"})

@@ -273,3 +273,137 @@ def test_leaderboard_plot_labels_k_and_skips_the_mean_of_one_task(monkeypatch, t
     row2 = {**row, "task:oj": 0.5, "task:oj_sd": None, "avg_at_k": 0.25}
     lb._plot([row2], ["ames", "oj"], tmp_path / "p.png", 4)
     assert [t.get_text() for t in figs[-1].axes[0].get_xticklabels()] == ["mean over tasks", "ames", "oj"]
+
+
+# ------------------------------------------------------------------ guards on silent semantic slips
+def test_a_split_env_refuses_a_task_of_the_other_split_unless_overridden():
+    import gymnasium as gym
+
+    import wmrl_envs  # noqa: F401
+
+    env = gym.make("wmrl/AutoResearch-v0", split="train", max_turns=1)
+    with pytest.raises(ValueError, match="task 'ames' is in the 'test' split but this env samples split='train'"):
+        env.reset(options={"task": "ames"})
+    with pytest.warns(UserWarning, match="using test-split task 'ames' in a split='train' env"):
+        _, info = env.reset(options={"task": "ames", "any_split": True})
+    assert info["task_id"] == "ames" and info["split"] == "test"
+    _, info = env.reset(options={"task": "titanic"})  # its own split: no fuss
+    assert info["task_id"] == "titanic"
+    explicit = gym.make("wmrl/AutoResearch-v0", tasks=["titanic", "ames"], max_turns=1)  # the user's own pool
+    assert explicit.reset(options={"task": "ames"})[1]["task_id"] == "ames"
+
+
+def test_one_group_id_gives_every_sub_env_the_same_task():
+    import wmrl_envs  # noqa: F401
+    from wmrl_envs.vector import make_vector_env
+
+    env = make_vector_env("wmrl/AutoResearch-v0", 4, split="train", max_turns=1)
+    try:
+        _, infos = env.reset(seed=0, options={"group_id": "g0", "group_size": 4})
+        assert len(set(infos["task_id"])) == 1  # one GRPO group, one task
+        tasks = {env.reset(seed=0, options={"group_id": f"g{k}"})[1]["task_id"][0] for k in range(12)}
+        assert len(tasks) > 1  # different groups still spread over the split
+        _, infos = env.reset(seed=0)
+        assert len(set(infos["task_id"])) > 1  # without a group each sub-env samples its own
+    finally:
+        env.close()
+
+
+def test_vector_infos_are_typed_the_same_whatever_the_sub_env_order():
+    import numpy as np
+
+    import wmrl_envs  # noqa: F401
+    from wmrl_envs.vector import make_vector_env
+    from wmrl_envs.world_models import CodeOutcomeModel
+    from wrappers import build_stack
+
+    wm = CodeOutcomeModel.load_default()
+    actions = ["no code here", "REQUEST_INFO: metric"]  # malformed (graded 0.0) / nothing graded (unknown)
+
+    def step(order):
+        env = build_stack(
+            make_vector_env("wmrl/AutoResearch-v0", 2, split="train", max_turns=1, tasks=["titanic"]), "wm", wm
+        )
+        try:
+            env.reset(seed=0)
+            _, _, _, _, infos = env.step(np.array(actions[order:] + actions[:order], dtype=object))
+        finally:
+            env.close()
+        flat = {**infos, **{f"final/{k}": v for k, v in infos["final_info"].items()}}
+        return {k: v for k, v in flat.items() if isinstance(v, np.ndarray)}
+
+    a, b = step(0), step(1)
+    assert set(a) == set(b)
+    for key in a:
+        assert a[key].dtype == b[key].dtype, (key, a[key], b[key])  # one type per key, whatever comes first
+        if a[key].dtype.kind == "f":
+            assert not np.isnan(a[key]).any() and not np.isnan(b[key]).any(), key  # unknown is masked, not NaN
+    assert list(a["final/_trajectory_reward"]) == [True, False] and list(b["final/_trajectory_reward"]) == [False, True]
+
+
+def test_graded_horizon_shortens_the_env_horizon_to_a_time_limit_below_it():
+    import dataclasses
+
+    import gymnasium as gym
+
+    from wmrl_envs.libero.horizon import GradedHorizon, time_limit_of
+
+    @dataclasses.dataclass
+    class Config:
+        max_episode_steps: int = 520
+
+    class Stub(gym.Env):
+        observation_space = gym.spaces.Discrete(1)
+        action_space = gym.spaces.Discrete(1)
+        config = Config()
+
+    wrapped = GradedHorizon(gym.wrappers.TimeLimit(Stub(), 5))
+    assert time_limit_of(wrapped) == 5 and wrapped.unwrapped.config.max_episode_steps == 5
+    assert GradedHorizon(Stub()).unwrapped.config.max_episode_steps == 520  # no limit, no change
+
+
+@pytest.mark.libero
+def test_libero_make_with_max_episode_steps_grades_the_last_step_quietly():
+    """gym.make(..., max_episode_steps=3): step 3 is graded (not a bare TimeLimit cut), and
+    neither robosuite's macro-file advice nor EGL teardown tracebacks reach the user."""
+    pytest.importorskip("libero.libero", reason="needs the libero extra")
+    import subprocess
+    import sys
+
+    code = (
+        "import json, numpy as np, gymnasium as gym, wmrl_envs\n"
+        "env = gym.make('wmrl/LIBERO-Long-v0', task_id=0, image_size=32, max_episode_steps=3)\n"
+        "env.reset(seed=0)\n"
+        "out = [env.step(np.zeros(7)) for _ in range(3)]\n"
+        "print(json.dumps([[bool(t), bool(tr), i.get('graded'), i.get('success')] for _, _, t, tr, i in out]))\n"
+    )  # the env is deliberately not closed
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    steps = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [s[2] for s in steps] == [False, False, True] and steps[-1][1] is True and steps[-1][3] is not None
+    assert "macro file" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------ world-model feedback
+def test_world_model_feedback_agrees_with_its_status_and_score():
+    from types import SimpleNamespace
+
+    from wmrl_envs.autoresearch.grading import grading_context
+    from wmrl_envs.autoresearch.tasks import get_task
+    from wmrl_envs.world_models import CodeOutcomeModel
+    from wmrl_envs.world_models.code_outcome import _feedback
+
+    task = get_task("titanic")
+    scripts = [
+        "import pandas as pd\ndf = pd.read_csv('data/train.csv')\nprint(df.shape)\n",  # writes nothing
+        "import pandas as pd\nt = pd.read_csv('data/test.csv')\n"
+        "pd.DataFrame({'id': t['id'], 'survived': 'no'}).to_csv('submission.csv', index=False)\n",
+    ]
+    outcomes = CodeOutcomeModel.load_default().predict([grading_context(task, 0, [])] * 2, scripts)
+    for o in outcomes:
+        assert o is not None and f"most likely {o.status}" in o.feedback
+        assert f"predicted reward {o.score:.2f}" in o.feedback  # the number the reward is
+    summary = SimpleNamespace(bad_imports=[], undefined_names=[], counts={})
+    valid = _feedback("valid", {"valid": 0.57, "no_submission": 0.43}, 0.3, summary, 0.45)
+    assert "does not appear to write" not in valid and "the run is no_submission (reward 0.2)" in valid
+    assert "does not appear to write" in _feedback("no_submission", {"no_submission": 0.9}, None, summary, 0.2)

@@ -46,6 +46,8 @@ Functions: :func:`parse_action`. Constant: :data:`INFO_TOPICS`.
 from __future__ import annotations
 
 import re
+import warnings
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -175,6 +177,15 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
 
     ``reset(options={"task": <id or dir>, "group_id": g, "group_size": n})`` fixes the task
     and group (``group_size`` is passed through to ``info`` for group-aware wrappers).
+
+    Guards against silent slips:
+
+    * an env sampling a catalog split refuses ``options["task"]`` from the other split (a
+      ``split="train"`` env handing out a held-out task); ``options["any_split"] = True`` allows
+      it with a warning;
+    * a ``group_id`` without a ``task`` picks the task from the group id, not from each
+      sub-env's own random stream, so every member of a GRPO group (one ``reset`` of a vector
+      env) gets the same task instead of one random task each.
     """
 
     metadata = {"render_modes": ["ansi"]}
@@ -204,6 +215,9 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
         self.tier = tier
         self.render_mode = render_mode
         self._fixed = get_task(task) if task is not None else None
+        # Only an env that samples a catalog split has a split to respect; an explicit task or
+        # pool is the user's own choice.
+        self._samples_split = task is None and tasks is None
         if self._fixed is None:
             pool = (
                 [get_task(t) for t in tasks]
@@ -232,11 +246,16 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         options = dict(options or {})
-        unknown = set(options) - {"task", "group_id", "group_size"}
+        unknown = set(options) - {"task", "group_id", "group_size", "any_split"}
         if unknown:
-            raise ValueError(f"unknown reset options {sorted(unknown)}; supported: 'task', 'group_id', 'group_size'")
+            raise ValueError(
+                f"unknown reset options {sorted(unknown)}; supported: 'task', 'group_id', 'group_size', 'any_split'"
+            )
         if options.get("task") is not None:
-            self.task = get_task(options["task"])
+            self.task = self._checked_split(get_task(options["task"]), bool(options.get("any_split")))
+        elif options.get("group_id") is not None:
+            # Same group id -> same task in every sub-env (crc32 is stable across processes).
+            self.task = self._pool[zlib.crc32(str(options["group_id"]).encode()) % len(self._pool)]
         else:
             self.task = self._pool[int(self.np_random.integers(len(self._pool)))]
         self.group_id = options.get("group_id")
@@ -344,6 +363,22 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
         return self._last_obs, float(reward), terminated, False, info
 
     # ---------------------------------------------------------------------------- helpers
+    def _checked_split(self, task: Task, any_split: bool) -> Task:
+        """``task``, unless it comes from the other catalog split than the one this env samples."""
+        if not self._samples_split or task.split is None or task.split == self.split:
+            return task
+        if not any_split:
+            raise ValueError(
+                f"task {task.task_id!r} is in the {task.split!r} split but this env samples split={self.split!r} "
+                f"(its tasks: {', '.join(t.task_id for t in self._pool)}); make the env with split={task.split!r}, "
+                "or pass options={'task': ..., 'any_split': True} to use it anyway"
+            )
+        warnings.warn(
+            f"using {task.split}-split task {task.task_id!r} in a split={self.split!r} env (any_split=True)",
+            stacklevel=3,
+        )
+        return task
+
     @property
     def executor(self) -> Any:
         if self._executor is None:

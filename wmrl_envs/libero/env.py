@@ -16,10 +16,11 @@ grading it sees exactly that, never the simulator. The reward is the graded scor
 final step and 0 before (sparse success by default; a world model's dense score when a
 wrapper supplies the outcome).
 
-Do not add ``gymnasium.wrappers.TimeLimit``: it would end episodes without grading them;
-the env truncates itself. ``gym.make(id, max_episode_steps=N)`` is consumed by Gymnasium
-(it adds a ``TimeLimit``) and never reaches the env: pass
-``config=LiberoLongConfig(max_episode_steps=N)`` instead.
+Do not add ``gymnasium.wrappers.TimeLimit`` by hand: it would end episodes without grading
+them; the env truncates itself. ``gym.make(id, max_episode_steps=N)`` is fine: Gymnasium
+consumes it (adding a ``TimeLimit``), and the registered
+:class:`~wmrl_envs.libero.horizon.GradedHorizon` wrapper shortens the env's own horizon to
+``N``, so step ``N`` is graded.
 
 Vector envs: ``AsyncVectorEnv(fns, shared_memory=False, context="spawn")`` (one simulator and
 renderer per process). ``spawn`` (or ``forkserver``) is required: Gymnasium builds one env in
@@ -35,9 +36,12 @@ Classes: :class:`LiberoLongConfig`, :class:`LiberoTrajectory`, :class:`LiberoLon
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import logging
 import os
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +62,27 @@ NOOP_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float32)
 #: End-effector position (3) + orientation quaternion (4) + gripper finger positions (2).
 PROPRIO_DIM = 9
 _INSTRUCTION_MAX = 256
+
+
+class _NoMacroNotice(logging.Filter):
+    """Drops robosuite's import-time advice to create a private macro file: three warnings on
+    every first ``gym.make`` that a user of this env has no reason to act on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        return not ("macro file" in text or "setup_macros.py" in text)
+
+
+def _close_at_exit(ref: weakref.ref) -> None:
+    env = ref()
+    if env is not None:
+        env.close()
+
+
+def _quiet_robosuite() -> None:
+    logger = logging.getLogger("robosuite_logs")  # robosuite's ROBOSUITE_DEFAULT_LOGGER
+    if not any(isinstance(f, _NoMacroNotice) for f in logger.filters):
+        logger.addFilter(_NoMacroNotice())
 
 
 @dataclass
@@ -175,6 +200,10 @@ class LiberoLongEnv(OutcomeSeam, gym.Env):
         self.render_mode = render_mode
         self._init_states = load_init_states(self.task)
         self.sim_env = self._build_sim()
+        # Close at interpreter exit if the user never does. Registered after the simulator
+        # created its EGL display (whose eglTerminate is an atexit handler too), so it runs
+        # first: a GL context freed after eglTerminate prints EGL_NOT_INITIALIZED tracebacks.
+        atexit.register(_close_at_exit, weakref.ref(self))
         raw = self.sim_env.reset()
 
         size = self.config.image_size
@@ -204,6 +233,7 @@ class LiberoLongEnv(OutcomeSeam, gym.Env):
     # -- construction -------------------------------------------------------------------
     def _build_sim(self) -> Any:
         os.environ.setdefault("MUJOCO_GL", "egl")
+        _quiet_robosuite()
         try:
             from libero.libero.envs import OffScreenRenderEnv
         except ImportError as err:

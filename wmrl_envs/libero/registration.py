@@ -4,8 +4,10 @@
 * ``wmrl/LIBERO-Long-Task{k}-v0`` for k = 0..9 -- one id per task (see
   :data:`wmrl_envs.libero.tasks.LIBERO_10_TASKS` for the order).
 
-No ``max_episode_steps`` is registered: the env truncates (and grades) episodes itself, and
-Gymnasium's ``TimeLimit`` would end them ungraded.
+No ``max_episode_steps`` is registered: the env truncates (and grades) episodes itself. A
+``gym.make(..., max_episode_steps=N)`` still works: every id carries the additional wrapper
+:class:`~wmrl_envs.libero.horizon.GradedHorizon`, which makes step ``N`` the env's graded final
+step instead of letting Gymnasium's ``TimeLimit`` end the episode ungraded.
 
 Functions: :func:`register_envs`.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gymnasium.envs.registration import register, registry
+from gymnasium.envs.registration import WrapperSpec, register, registry
 
 from wmrl_envs.libero.tasks import LIBERO_10_TASKS
 
@@ -22,6 +24,7 @@ __all__ = ["register_envs", "ENTRY_POINT", "GENERIC_ID"]
 
 ENTRY_POINT = "wmrl_envs.libero.env:LiberoLongEnv"
 GENERIC_ID = "wmrl/LIBERO-Long-v0"
+_HORIZON = WrapperSpec("GradedHorizon", "wmrl_envs.libero.horizon:GradedHorizon", {})
 
 
 def register_envs() -> None:
@@ -31,4 +34,4 @@ def register_envs() -> None:
     ]
     for env_id, kwargs in ids:
         if env_id not in registry:
-            register(id=env_id, entry_point=ENTRY_POINT, kwargs=kwargs)
+            register(id=env_id, entry_point=ENTRY_POINT, kwargs=kwargs, additional_wrappers=(_HORIZON,))

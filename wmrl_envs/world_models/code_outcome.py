@@ -382,7 +382,7 @@ class CodeOutcomeModel:
         return Outcome(
             status,
             min(1.0, max(0.0, score)),
-            feedback=_feedback(status, p[status], pct if pct_known else None, summary),
+            feedback=_feedback(status, p, pct if pct_known else None, summary, min(1.0, max(0.0, score))),
             metrics=metrics,
             source="wm",
         )
@@ -490,14 +490,37 @@ def _with_cost(o: Outcome, cost: float) -> Outcome:
     return Outcome(o.status, o.score, o.feedback, o.metrics, cost, "wm")
 
 
-def _feedback(status: str, p: float, pct: float | None, s: ScriptSummary) -> str:
-    lines = [f"Predicted outcome (world model, not executed): {status} (probability {p:.2f})."]
+def _feedback(status: str, p: Mapping[str, float], pct: float | None, s: ScriptSummary, score: float) -> str:
+    """The prediction in words, consistent with its status and score: the most likely status,
+    the reward the prediction stands for, and the static findings worded as what they imply
+    for that status (a "valid" guess for a script with no visible write of submission.csv
+    says that without the file it scores as no_submission, rather than contradicting itself).
+
+    >>> from types import SimpleNamespace
+    >>> s = SimpleNamespace(bad_imports=[], undefined_names=[], counts={})
+    >>> print(_feedback("valid", {"valid": 0.57, "no_submission": 0.43}, 0.3, s, 0.45))  # doctest: +NORMALIZE_WHITESPACE
+    Predicted outcome (world model, not executed): most likely valid (probability 0.57; no_submission 0.43); predicted reward 0.45.
+    If valid: expected leaderboard percentile about 0.30.
+    No write of submission.csv was found in the script: if it writes none, the run is no_submission (reward 0.2).
+    """
+    others = sorted(((q, k) for k, q in p.items() if k != status and q >= 0.05), reverse=True)[:3]
+    alternatives = "".join(f"; {k} {q:.2f}" for q, k in others)
+    lines = [
+        f"Predicted outcome (world model, not executed): most likely {status} "
+        f"(probability {p[status]:.2f}{alternatives}); predicted reward {score:.2f}."
+    ]
     if status == "valid" and pct is not None:
-        lines.append(f"Expected leaderboard percentile about {pct:.2f}.")
+        lines.append(f"If valid: expected leaderboard percentile about {pct:.2f}.")
     if s.bad_imports:
         lines.append(f"Imports the sandbox cannot satisfy: {', '.join(sorted(set(s.bad_imports)))}.")
     if s.undefined_names:
         lines.append(f"Names used but never defined: {', '.join(s.undefined_names[:8])}.")
     if not s.counts.get("writes_submission"):
-        lines.append("The script does not appear to write submission.csv.")
+        if status == "valid":
+            lines.append(
+                "No write of submission.csv was found in the script: if it writes none, the run is "
+                f"no_submission (reward {LADDER['no_submission']:g})."
+            )
+        else:
+            lines.append("The script does not appear to write submission.csv.")
     return " ".join(lines)
