@@ -610,3 +610,16 @@ def test_docstring_examples_run(module):
 
     result = doctest.testmod(importlib.import_module(f"wmrl_envs.world_models.{module}"))
     assert result.attempted > 0 and result.failed == 0, result
+
+
+def test_anchor_priority_keeps_the_count_and_prefers_low_confidence_groups():
+    from wrappers.scheduling import AnchorScheduler
+
+    plain, prio = AnchorScheduler(fraction=0.3, seed=3), AnchorScheduler(fraction=0.3, seed=3)
+    for step in range(5):
+        ids = [f"{step}-{i}" for i in range(10)]
+        a = plain.begin_step(ids)
+        b = prio.begin_step(ids, priority={g: float(i) for i, g in enumerate(ids)})
+        assert len(a) == len(b)  # same generator draws, same count
+        assert b == frozenset(ids[len(ids) - len(b) :])  # the highest-priority (least confident) groups
+    assert plain.realized_fraction == prio.realized_fraction

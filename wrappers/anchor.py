@@ -175,9 +175,9 @@ class _AnchorCore:
         self._by_ticket: dict[int, _Member] = {}  # overlap anchor members not yet closed
         self.completed: collections.deque[dict[str, Any]] = collections.deque(maxlen=_RECORDS_KEPT)
 
-    def begin_step(self, group_ids: Iterable[Hashable]) -> frozenset:
+    def begin_step(self, group_ids: Iterable[Hashable], priority: Mapping[Hashable, float] | None = None) -> frozenset:
         """Decide a training step's groups at once, then tell the step listeners."""
-        anchors = self.scheduler.begin_step(group_ids)
+        anchors = self.scheduler.begin_step(group_ids, priority)
         for listener in self.step_listeners:
             listener()
         return anchors
@@ -391,15 +391,20 @@ class _AnchorBase:
             records = self.collect(wait=False)
             self._core.completed.extend(records)
 
-    def begin_step(self, group_ids: Iterable[Hashable]) -> frozenset:
+    def begin_step(self, group_ids: Iterable[Hashable], priority: Mapping[Hashable, float] | None = None) -> frozenset:
         """Decide a training step's groups at once (see :meth:`AnchorScheduler.begin_step`).
 
         This is also the step boundary of the calibration layer above, which refits its map
         (when due) here, so that no group is calibrated by two maps. With overlap, every
-        real grading still in flight lands first (the staleness bound)."""
+        real grading still in flight lands first (the staleness bound).
+
+        ``priority`` (off by default): prefer some groups as anchors, e.g. those whose world
+        model predictions are least confident -- ``{g: 1 - mean(o.metrics["confidence"])}``
+        over a group's predicted outcomes (a trainer that has the members' actions before
+        the step can ask the world model for them); the anchor count is unchanged."""
         if self._background is not None:
             self._core.completed.extend(self.collect(wait=True))
-        return self._core.begin_step(group_ids)
+        return self._core.begin_step(group_ids, priority)
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state: the scheduler (RNG, counters, decisions) and open groups.

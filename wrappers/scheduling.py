@@ -18,7 +18,7 @@ Classes: :class:`AnchorScheduler`.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -95,11 +95,21 @@ class AnchorScheduler:
         """Anchor groups decided and not yet released."""
         return len(self._open)
 
-    def begin_step(self, group_ids: Iterable[Hashable]) -> frozenset:
+    def begin_step(self, group_ids: Iterable[Hashable], priority: Mapping[Hashable, float] | None = None) -> frozenset:
         """Decide a training step's groups at once; returns the anchor group ids.
 
         An id decided earlier is re-decided (a reused id is a new group); if it was an
         open anchor it is released first. Any lazy plan in progress is dropped.
+
+        ``priority`` (optional, off by default): a score per group id, higher = more worth
+        grading for real, e.g. ``1 - `` the world model's mean confidence over the group's
+        members (``Outcome.metrics["confidence"]``). The *number* of anchors is decided
+        exactly as without it (same generator draws); which groups are anchors then follows
+        the priority (ties and missing ids in the seeded random order) instead of chance.
+
+        >>> s = AnchorScheduler(fraction=0.25, seed=0)
+        >>> sorted(s.begin_step("abcdefgh", priority={"c": 0.9, "f": 0.8}))
+        ['c', 'f']
         """
         ids = list(group_ids)
         if len(set(ids)) != len(ids):
@@ -108,6 +118,11 @@ class AnchorScheduler:
             self.release(gid)
         self._plan = []
         slots = self._choose(len(ids), floor=True)
+        if priority is not None:
+            # same count, same draws; the seeded order (anchors first) breaks ties
+            order = sorted(range(len(ids)), key=lambda i: (-float(priority.get(ids[i], -math.inf)), not slots[i]))
+            chosen = set(order[: sum(slots)])
+            slots = [i in chosen for i in range(len(ids))]
         anchors = frozenset(gid for gid, is_anchor in zip(ids, slots) if is_anchor)
         for gid, is_anchor in zip(ids, slots):
             self._record(gid, is_anchor)
