@@ -154,3 +154,26 @@ def test_default_executor_selects_ray_lazily(monkeypatch):
         RayExecutor("podman")
     with pytest.raises(ValueError, match="max_concurrent"):
         RayExecutor(max_concurrent=0)
+
+
+_POOL_THREAD_FIRST = """
+import time
+from wmrl_envs.sandbox import ExecutorPool, Job, Limits, RayExecutor
+ex = RayExecutor(local_cpus=1)
+with ExecutorPool(ex, max_concurrent=1) as pool:  # the first run (and ray.init) in a pool thread
+    print(pool.map([Job("print(1)", limits=Limits(wall_seconds=30))])[0].stdout_tail.strip())
+time.sleep(3)  # that thread is gone: a Ray instance tied to it would be dead by now
+print(ex.run("print(2)", limits=Limits(wall_seconds=30)).stdout_tail.strip())
+"""
+
+
+def test_a_local_instance_started_from_a_pool_thread_outlives_it(ray_instance):  # noqa: F811
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local instance
+    out = subprocess.run(
+        [sys.executable, "-c", _POOL_THREAD_FIRST], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1", "2"]

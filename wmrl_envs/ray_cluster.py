@@ -79,12 +79,44 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, **ini
             log.info("joined the Ray cluster at %s", target)
             return ray
         kwargs.setdefault("include_dashboard", False)
-        context = ray.init(num_cpus=num_cpus, **kwargs)
+        context = _init_local(ray, num_cpus=num_cpus, **kwargs)
         gcs = context.address_info.get("gcs_address")
         if gcs:
             os.environ["RAY_ADDRESS"] = _exported_address = gcs
         log.info("started a local Ray instance (%s CPUs) at %s", num_cpus or "all", gcs)
         return ray
+
+
+def _init_local(ray: Any, **kwargs: Any) -> Any:
+    """``ray.init`` of a new local instance from a thread that lives as long as the process.
+
+    Ray starts its GCS and raylet with ``PR_SET_PDEATHSIG``, which fires when the *thread*
+    that forked them exits: started from a pool thread (a grading thread calling
+    ``RayExecutor.run`` first), the instance would die with that thread. The main thread,
+    or a daemon keeper thread that never returns, keeps it alive."""
+    if threading.current_thread() is threading.main_thread():
+        return ray.init(**kwargs)
+    box: dict[str, Any] = {}
+    ready = threading.Event()
+
+    def keeper() -> None:
+        try:
+            box["context"] = ray.init(**kwargs)
+        except BaseException as e:  # handed to the caller
+            box["error"] = e
+        finally:
+            ready.set()
+        if "context" in box:
+            _keep_alive.wait()  # forever: the instance's processes are tied to this thread
+
+    threading.Thread(target=keeper, name="wmrl-ray-keeper", daemon=True).start()
+    ready.wait()
+    if "error" in box:
+        raise box["error"]
+    return box["context"]
+
+
+_keep_alive = threading.Event()  # never set
 
 
 def cluster_cpus() -> float:
