@@ -17,7 +17,10 @@ Data: the catalog's pool logs (27 small + 9 full-size tasks) and the grown corpu
    ``train`` split (+ the corpus), score the ``test`` split per tier;
 3. **Learning curve**: the fixed split's held-out tasks, models fitted on random subsets of
    ``n`` training tasks (catalog train split + corpus), ``--repeats`` draws per size;
-   plotted to ``fidelity_transfer_curve.png``.
+   plotted to ``fidelity_transfer_curve.png``;
+4. **Confidence** (ensemble variants in the CV): the Spearman of confidence vs absolute
+   error, and :func:`~wmrl_envs.world_models.transfer.anchor_preference_simulation`
+   (random vs low-confidence anchor groups as calibration pairs).
 
 Variants (:data:`VARIANTS`) are :class:`~wmrl_envs.world_models.CodeOutcomeConfig`
 settings. Writes ``fidelity_transfer.json`` and the plot into ``--out``.
@@ -39,6 +42,7 @@ import numpy as np
 from wmrl_envs.world_models.code_outcome import CodeOutcomeConfig, CodeOutcomeModel
 from wmrl_envs.world_models.logs import LogRecord, read_logs
 from wmrl_envs.world_models.transfer import (
+    anchor_preference_simulation,
     leave_tasks_out,
     predict_records,
     ranking_metrics,
@@ -188,6 +192,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for name in (args.cv_variants or args.variants).split(","):
             preds = leave_tasks_out(everything, _fit(VARIANTS[name]), n_folds=args.folds)
             result["leave_datasets_out"][name] = _by_tier(preds, everything)
+            if VARIANTS[name].get("n_ensemble", 1) > 1:  # confidence: does low confidence flag errors, pick anchors?
+                result["leave_datasets_out"][name]["anchor_preference"] = anchor_preference_simulation(
+                    preds, everything
+                )
             print(
                 name,
                 "cv",

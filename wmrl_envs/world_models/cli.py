@@ -105,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     grow.add_argument("--max-tasks", type=int, help="stop after adding this many tasks")
     grow.add_argument("--task-root", help="where the tasks' files go (default: a temp dir)")
     grow.add_argument("--seed", type=int, default=0, help="order of the sources (default 0)")
+    grow.add_argument("--only-large", action="store_true", help="only large variants of >= 8,000-row tables")
     args = parser.parse_args(argv)
 
     if args.command == "fit":
@@ -142,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         state = grow_corpus(
             args.out, budget_minutes=args.budget_minutes, max_tasks=args.max_tasks, seed=args.seed,
-            task_root=args.task_root,
+            task_root=args.task_root, only_large=args.only_large,
         )  # fmt: skip
         print(f"corpus: {len(state['done'])} tasks logged, {len(state['skipped'])} sources skipped")
     else:

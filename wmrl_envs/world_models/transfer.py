@@ -17,8 +17,11 @@ grown corpus (:mod:`wmrl_envs.world_models.corpus`).
 >>> pairwise_accuracy([0.1, 0.2, 0.3], [0.0, 0.5, 1.0]), pairwise_accuracy([0.3, 0.2, 0.1], [0.0, 0.5, 1.0])
 (1.0, 0.0)
 
+* :func:`anchor_preference_simulation` -- are anchor groups chosen by low world-model
+  confidence more useful calibration pairs than random ones?
+
 Functions: :func:`pairwise_accuracy`, :func:`expected_calibration_error`, :func:`ranking_metrics`,
-:func:`leave_tasks_out`, :func:`learning_curve`, :func:`tier_of`.
+:func:`leave_tasks_out`, :func:`learning_curve`, :func:`tier_of`, :func:`anchor_preference_simulation`.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ __all__ = [
     "learning_curve",
     "tier_of",
     "predict_records",
+    "anchor_preference_simulation",
 ]
 
 FitFn = Callable[[Sequence[LogRecord]], WorldModel]
@@ -155,12 +159,18 @@ def ranking_metrics(predictions: Sequence[Outcome | None], records: Sequence[Log
     out["mae"] = float(np.mean(np.abs(w - t)))
     out["per_task_spearman"] = per_task
     out["per_task_pairwise_accuracy"] = per_pair
-    conf = [p.metrics.get("confidence") for p, _ in covered]
-    if all(isinstance(c, (int, float)) for c in conf):
-        c = np.asarray(conf, dtype=float)
-        err = np.abs(w - t)
-        rho = _spearman(c, -err)
-        out["confidence_vs_error_spearman"] = rho  # > 0: low confidence flags large errors
+    has = np.array([isinstance(p.metrics.get("confidence"), (int, float)) for p, _ in covered])
+    if has.sum() >= 3:  # the compile gate's exact outcomes carry no confidence
+        c = np.array(
+            [
+                float(p.metrics["confidence"])
+                for p, _ in covered
+                if isinstance(p.metrics.get("confidence"), (int, float))
+            ]
+        )
+        # > 0: the less confident a prediction, the larger its error (what anchor preference needs)
+        out["confidence_vs_error_spearman"] = _spearman(-c, np.abs(w - t)[has])
+        out["mean_confidence"] = float(c.mean())
     return out
 
 
@@ -225,3 +235,77 @@ def learning_curve(
         m = ranking_metrics(predict_records(model, test), test)
         rows.append({"n_tasks": len(pick), "repeat": rep, **{k: v for k, v in m.items() if not k.startswith("per_")}})
     return rows
+
+
+def anchor_preference_simulation(
+    predictions: Sequence[Outcome | None],
+    records: Sequence[LogRecord],
+    *,
+    steps: int = 20,
+    groups_per_step: int = 10,
+    group_size: int = 4,
+    anchors_per_step: int = 1,
+    seeds: Sequence[int] = (0, 1, 2, 3, 4),
+) -> dict[str, Any]:
+    """Random vs low-confidence anchor choice, on logged truth and (out-of-fold) predictions.
+
+    Each step draws ``groups_per_step`` GRPO-like groups (a random task, ``group_size`` of
+    its logged solutions); ``anchors_per_step`` of them become anchors -- at random, or the
+    ones with the lowest mean ``metrics["confidence"]`` -- and give (world-model score,
+    true score) pairs. After ``steps`` steps an isotonic map (true on world-model score)
+    is fitted on the pairs and applied to every record; the result is its mean absolute
+    error and the within-task centred bias (see :func:`~wmrl_envs.world_models.fidelity.centred_bias`)
+    -- lower means the pairs were more useful. Mean over ``seeds``.
+    """
+    from sklearn.isotonic import IsotonicRegression
+
+    from wmrl_envs.world_models.fidelity import centred_bias
+
+    keep = [
+        (p, r)
+        for p, r in zip(predictions, records, strict=True)
+        if r.known and p is not None and p.score is not None and isinstance(p.metrics.get("confidence"), (int, float))
+    ]
+    if not keep:
+        raise ValueError("anchor_preference_simulation needs predictions with metrics['confidence']")
+    w = np.array([p.score for p, _ in keep], dtype=float)
+    t = np.array([float(r.outcome.score or 0.0) for _, r in keep if r.outcome is not None])
+    conf = np.array([float(p.metrics["confidence"]) for p, _ in keep])
+    tasks = [r.task_id for _, r in keep]
+    by_task: dict[str, list[int]] = {}
+    for i, task in enumerate(tasks):
+        by_task.setdefault(task, []).append(i)
+    names = sorted(by_task)
+    out: dict[str, Any] = {}
+    for policy in ("random", "low_confidence"):
+        maes, biases = [], []
+        for seed in seeds:
+            rng = np.random.default_rng(seed)  # same groups for both policies
+            pairs: list[int] = []
+            for _ in range(steps):
+                groups = []
+                for _ in range(groups_per_step):
+                    members = by_task[names[int(rng.integers(len(names)))]]
+                    groups.append(rng.choice(members, size=min(group_size, len(members)), replace=False))
+                order = rng.permutation(len(groups))
+                if policy == "low_confidence":
+                    order = np.argsort([conf[g].mean() for g in groups], kind="stable")
+                for k in order[:anchors_per_step]:
+                    pairs += groups[int(k)].tolist()
+            iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(w[pairs], t[pairs])
+            cal = iso.predict(w)
+            maes.append(float(np.mean(np.abs(cal - t))))
+            biases.append(centred_bias(cal, t, tasks)[0])
+        out[policy] = {
+            "mae_after": float(np.mean(maes)),
+            "centred_bias_after": float(np.mean([b for b in biases if b is not None])),
+        }
+    out["raw"] = {"mae": float(np.mean(np.abs(w - t))), "centred_bias": centred_bias(w, t, tasks)[0]}
+    out["setting"] = {
+        "steps": steps,
+        "groups_per_step": groups_per_step,
+        "group_size": group_size,
+        "anchors_per_step": anchors_per_step,
+        "seeds": list(seeds),
+    }
+    return out
