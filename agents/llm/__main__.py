@@ -50,6 +50,7 @@ from agents.llm.checks import (
     resolve_checkpoint,
     saved_setup,
 )
+from agents.llm.loading import lora_by_default
 
 __all__ = ["AgentSetup", "TrainRun", "EvalRun", "EvalConfig", "main"]
 
@@ -61,7 +62,10 @@ class AgentSetup:
     Attributes:
         policy: ``default`` (SmolLM2-135M-Instruct, offline), ``tiny`` (random from-config model),
             ``tiny-plan`` (tiny, warm-started on demonstration plans), or a model name/path.
-        lora: train a LoRA adapter instead of all weights.
+        lora: train a LoRA adapter instead of all weights (none: LoRA for the default
+            SmolLM2 policy, whose full fine-tuning costs several times the update time and
+            memory, all weights for the tiny ones and other models; the resolved value is
+            recorded in the checkpoint).
         scaffold: ``plan`` (compact plan scaffold) or ``raw`` (a complete script).
         max_turns: env turns per episode (K).
         wall_seconds: time limit of one solution run in the sandbox (none = the env's default).
@@ -69,7 +73,7 @@ class AgentSetup:
     """
 
     policy: str = "default"
-    lora: bool = False
+    lora: bool | None = None
     scaffold: str = "plan"
     max_turns: int = 1
     wall_seconds: float | None = None
@@ -252,6 +256,7 @@ def _load_policy(spec: str, **kwargs: Any) -> Any:
 
 def cmd_train(run: TrainRun, grpo: Any, calibration: Any, cfg: EvalConfig) -> int:
     _check_train(run, grpo, cfg)
+    run.lora = lora_by_default(run.policy) if run.lora is None else run.lora
     out = Path(grpo.output_dir)
     setup = {**dataclasses.asdict(run), "calibration": dataclasses.asdict(calibration)}
     resumed = _check_resume(out / "checkpoint", setup, grpo)
@@ -364,6 +369,7 @@ def cmd_evaluate(run: EvalRun, cfg: EvalConfig, explicit: set[str] | None = None
     from agents.llm.scaffolds import SCAFFOLDS
 
     _adopt_checkpoint_setup(run, explicit or set())
+    run.lora = lora_by_default(run.policy) if run.lora is None else run.lora
     check_policy(run.policy)
     check_choice("--scaffold", run.scaffold, sorted(SCAFFOLDS))
     check_tasks(cfg.tasks, split="test", flag="--tasks")

@@ -5,6 +5,8 @@ Used by the agent's CLI (``python -m agents.llm``) and by every benchmark.
 * :func:`load_policy` — ``"default"`` (SmolLM2-135M-Instruct, offline), ``"tiny"`` (a random
   from-config model), ``"tiny-plan"`` (tiny, warm-started on demonstration plans), or any
   Hugging Face name / local path; optionally with a trainer checkpoint's weights.
+* :func:`lora_by_default` — whether a policy trains a LoRA adapter when nobody said
+  (SmolLM2: yes; the tiny models: no).
 * :func:`load_policy_weights` — a checkpoint's ``policy.pt`` into a policy, refused with one
   line when it was saved from another policy (other model, LoRA or not).
 * :func:`warm_start_plans` — the supervised warm start on :data:`WARM_START_REPLIES`.
@@ -25,6 +27,7 @@ __all__ = [
     "WARM_START_REPLIES",
     "load_policy",
     "load_policy_weights",
+    "lora_by_default",
     "warm_start_plans",
     "load_world_model",
 ]
@@ -73,8 +76,20 @@ def warm_start_plans(
     )
 
 
+def lora_by_default(spec: str) -> bool:
+    """Train a LoRA adapter for ``spec`` unless told otherwise? Yes for the default
+    SmolLM2-135M (an update of all its weights on 2 CPU cores costs several times the
+    adapter's in time and memory: ``python -m benchmarks.llm_step_components``), no for the
+    tiny from-config models (full fine-tuning is cheap there) and for other models.
+
+    >>> lora_by_default("default"), lora_by_default("tiny-plan")
+    (True, False)
+    """
+    return spec == "default"
+
+
 def load_policy(
-    spec: str = "default", *, checkpoint: str | Path | None = None, lora: bool = False, seed: int = 0
+    spec: str = "default", *, checkpoint: str | Path | None = None, lora: bool | None = False, seed: int = 0
 ) -> Any:
     """An :class:`~agents.llm.policy.LLMPolicy`.
 
@@ -82,7 +97,7 @@ def load_policy(
         spec: one of :data:`POLICIES`, or a Hugging Face model name / local path.
         checkpoint: a trainer checkpoint directory (or a directory holding ``policy.pt``, or
             a run directory holding ``checkpoint/``) whose trainable weights are loaded.
-        lora: train a LoRA adapter instead of all weights.
+        lora: train a LoRA adapter instead of all weights (``None``: :func:`lora_by_default`).
         seed: initialisation seed of the tiny models.
 
     Raises:
@@ -91,6 +106,8 @@ def load_policy(
     """
     from agents.llm.policy import LLMPolicy, LoraSettings
 
+    if lora is None:
+        lora = lora_by_default(spec)
     settings = LoraSettings() if lora else None
     file = Path(checkpoint) / "policy.pt" if checkpoint is not None else None
     if file is not None and not file.is_file() and (file.parent / "checkpoint" / "policy.pt").is_file():
