@@ -168,11 +168,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         result["fixed_split"] = {
             "default (shipped)": _by_tier(predict_records(CodeOutcomeModel.load_default(), test), test)
         }
+        sandbox = float(np.mean([r.outcome.cost for r in test if r.outcome is not None and r.outcome.cost > 0]))
         for name in variants:
             t0 = time.time()
             model = _fit(VARIANTS[name])(train)
-            result["fixed_split"][name] = _by_tier(predict_records(model, test), test) | {
-                "fit_seconds": time.time() - t0
+            fit_s = time.time() - t0
+            t0 = time.perf_counter()
+            preds = predict_records(model, test)
+            per = (time.perf_counter() - t0) / len(test)
+            result["fixed_split"][name] = _by_tier(preds, test) | {
+                "fit_seconds": fit_s,
+                "predict_seconds_per_solution": per,
+                "sandbox_seconds_per_solution_logged": sandbox,
+                "gradings_per_second_ratio": sandbox / per,
             }
             print(
                 name,

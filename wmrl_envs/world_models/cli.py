@@ -2,7 +2,9 @@
 
 ::
 
-    wmrl-wm fit --logs a.jsonl b.jsonl --out model_dir [--split train] [--tier small|full] [--max-iter 200]
+    wmrl-wm fit --logs a.jsonl b.jsonl.gz --out model_dir [--split train] [--tier small|full] [--max-iter 200]
+                [--extra-logs corpus/*.jsonl.gz] [--transfer-features] [--percentile-head regressor|ranker|both]
+                [--n-ensemble 5]
     wmrl-wm fidelity --model model_dir|default --logs held_out.jsonl [--split test] [--tier small|full] [--markdown out.md]
     wmrl-wm update --model model_dir --logs anchors.jsonl --out model_dir2
     nice -n 19 wmrl-wm grow-corpus [--budget-minutes 60] [--max-tasks N] [--out DIR]
@@ -75,6 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     fit = sub.add_parser("fit", help="fit a CodeOutcomeModel on execution logs")
     fit.add_argument("--logs", nargs="+", required=True, help="JSONL execution logs")
     fit.add_argument("--out", required=True, help="output model directory")
+    fit.add_argument(
+        "--extra-logs", nargs="+", default=[], help="logs added after --split/--tier selection (e.g. the corpus)"
+    )
     fit.add_argument("--split", help="keep only tasks of this catalog split (train/test)")
     fit.add_argument("--tier", choices=("small", "full"), help="keep only tasks of this catalog tier (default: both)")
     for f in ("n_hash", "max_iter", "max_leaf_nodes", "min_samples_leaf", "seed"):
@@ -85,6 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-training-data", action="store_true", help="do not store the training matrix (smaller file; no update)"
     )
     fit.add_argument("--no-size-features", action="store_true", help="leave out the size-vs-limit features (ablation)")
+    fit.add_argument("--transfer-features", action="store_true", help="add the task-relative transfer features")
+    fit.add_argument("--percentile-head", choices=("regressor", "ranker", "both"), default="regressor")
+    fit.add_argument("--n-ensemble", type=int, default=1, help="task-bootstrap members of the percentile head")
+    fit.add_argument("--rank-rounds", type=int, default=CodeOutcomeConfig.rank_rounds)
     fid = sub.add_parser("fidelity", help="fidelity report of a model on held-out logs")
     fid.add_argument("--model", required=True, help="model directory, or 'default' for the shipped model")
     fid.add_argument("--logs", nargs="+", required=True)
@@ -110,14 +119,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.command == "fit":
         records = _select(read_logs(args.logs), args.split, args.tier)
+        records += read_logs(args.extra_logs) if args.extra_logs else []
         config = CodeOutcomeConfig(
             n_hash=args.n_hash, max_iter=args.max_iter, learning_rate=args.learning_rate,
             max_leaf_nodes=args.max_leaf_nodes, min_samples_leaf=args.min_samples_leaf,
             l2_regularization=args.l2_regularization, anchor_weight=args.anchor_weight,
             keep_training_data=not args.no_training_data, seed=args.seed, size_features=not args.no_size_features,
+            transfer_features=args.transfer_features, percentile_head=args.percentile_head,
+            n_ensemble=args.n_ensemble, rank_rounds=args.rank_rounds,
         )  # fmt: skip
         model = CodeOutcomeModel(config).fit(records)
-        model.info["training_logs"] = [Path(p).name for p in args.logs]
+        model.info["training_logs"] = [Path(p).name for p in args.logs + args.extra_logs]
         model.info["training_split"] = args.split
         model.info["training_tier"] = args.tier or "all"
         out = model.save(args.out)

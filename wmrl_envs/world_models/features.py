@@ -154,6 +154,7 @@ TRANSFER_FEATURES = (
     "task:metric_proba", "task:metric_label", "task:metric_log", "task:metric_r2",
     "fit:log10_rows_x_width", "fit:width_per_row", "fit:knn_k_per_row", "fit:log10_min_leaf_per_row",
     "fit:subsample", "fit:uses_proba", "fit:proba_metric_without_proba", "fit:log10_ensemble_work",
+    "fit:log10_work_per_wall_second",
 )  # fmt: skip
 _PROBA_METRICS = frozenset({"roc_auc", "log_loss"})
 _LABEL_METRICS = frozenset({"accuracy", "macro_f1"})
@@ -412,7 +413,8 @@ def transfer_features(flat: Mapping[str, Any], summary: ScriptSummary) -> list[f
     the cells the model fits (one-hot width when the script one-hot encodes, else the raw
     column count), ``n_neighbors`` and ``min_samples_leaf`` per training row, a training
     subsample share, whether probabilities are written where the metric needs them, and the
-    work of a tree ensemble (trees x rows).
+    work of a tree ensemble (trees x rows), and the fit's work (cells x trees) per second
+    of the run's time limit.
 
     >>> s = summarize_script("from sklearn.neighbors import KNeighborsClassifier\\nKNeighborsClassifier(n_neighbors=5)")
     >>> f = dict(zip(TRANSFER_FEATURES, transfer_features({"meta.n_train": 500, "meta.metric": "roc_auc"}, s)))
@@ -422,6 +424,7 @@ def transfer_features(flat: Mapping[str, Any], summary: ScriptSummary) -> list[f
     rows, cols = _meta(flat, "n_train"), _meta(flat, "n_cols")
     n_cat, width = _meta(flat, "n_categorical"), _meta(flat, "onehot_width")
     card = _meta(flat, "max_cardinality")
+    wall = _meta(flat, "wall_seconds")
     metric = next((v for k, v in flat.items() if _leaf(k) == "metric" and isinstance(v, str)), None)
     task_type = next((v for k, v in flat.items() if _leaf(k) == "task_type" and isinstance(v, str)), None)
     hp = summary.hyperparameters
@@ -457,6 +460,7 @@ def transfer_features(flat: Mapping[str, Any], summary: ScriptSummary) -> list[f
         log10(hp.get("min_samples_leaf", math.nan) / rows) if rows > 0 and "min_samples_leaf" in hp else math.nan,
         subsample if train_size is None else 1.0, float(proba), float(metric in _PROBA_METRICS and not proba),
         log10(trees * rows) if not math.isnan(trees) else math.nan,
+        log10(rows * used * (1.0 if math.isnan(trees) else trees) / wall) if wall > 0 else math.nan,
     ]  # fmt: skip
 
 

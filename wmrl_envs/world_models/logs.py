@@ -11,6 +11,7 @@ Classes: :class:`LogRecord`. Functions: :func:`read_logs`, :func:`write_logs`,
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,7 +86,8 @@ class LogRecord:
 
 
 def read_logs(paths: str | Path | Iterable[str | Path]) -> list[LogRecord]:
-    """All records of one or more JSONL files (blank lines skipped; bad lines raise with file:line)."""
+    """All records of one or more JSONL files, plain or gzipped (``.gz``); blank lines
+    skipped, bad lines raise with file:line."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     records: list[LogRecord] = []
@@ -93,7 +95,7 @@ def read_logs(paths: str | Path | Iterable[str | Path]) -> list[LogRecord]:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"execution log {path} does not exist")
-        with path.open() as f:
+        with gzip.open(path, "rt") if path.suffix == ".gz" else path.open() as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
