@@ -1,0 +1,307 @@
+"""Command line of the MiniVLA agent.
+
+::
+
+    python -m agents.vla expert   --tasks 7 0 --init-states 0 1 2 3            # scripted-expert success table
+    python -m agents.vla demos    --task 7 --init-states 0 1 2 3 --out runs/vla/demos_task7.npz
+    python -m agents.vla sft      --demos runs/vla/demos_task7.npz --steps 1000 --output-dir runs/vla/sft --eval-task 7
+    python -m agents.vla train    --checkpoint runs/vla/sft/checkpoint --stack wmrl --task 7 --total-steps 2
+    python -m agents.vla evaluate --policy runs/vla/grpo-wmrl/checkpoint --tasks 7 --init-states 16 17 --trials 8
+
+``sft`` takes :class:`~agents.vla.sft.SFTConfig`, ``train`` takes :class:`TrainSetup` and
+:class:`~agents.vla.trainer.VLAGRPOConfig` (plus ``--calibration-*`` of
+:class:`~wrappers.CalibrationConfig` for the ``wmrl`` stack), ``evaluate`` takes
+:class:`~agents.vla.evaluate.EvalConfig`; every flag is a documented field
+(:mod:`wmrl_envs.config_cli`). Every run sets ``torch.set_num_threads(1)`` unless
+``--threads`` says otherwise (CPU machines share their cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from wmrl_envs.config_cli import add_config_arguments, build_config, config_to_dict
+
+__all__ = ["main", "TrainSetup", "build_env"]
+
+
+@dataclass
+class TrainSetup:
+    """What ``train`` builds around the trainer.
+
+    Attributes:
+        checkpoint: the MiniVLA checkpoint to start from (an SFT run's ``checkpoint/``).
+        stack: ``real`` (sparse success), ``wm`` (progress world model) or ``wmrl``
+            (world model + anchors + calibration).
+        task: LIBERO-Long task index.
+        world_model: progress world model file (default: the shipped state progress model).
+        wm_mode: dense reward of the world model (``potential``, ``final``, ``max``, ``success``).
+        anchor_fraction: share of anchor groups (``wmrl``).
+        max_episode_steps: env steps per episode (LIBERO-Long: 520).
+        threads: torch CPU threads.
+    """
+
+    checkpoint: str = "runs/vla/sft/checkpoint"
+    stack: str = "wmrl"
+    task: int = 7
+    world_model: str | None = None
+    wm_mode: str = "potential"
+    anchor_fraction: float = 0.10
+    max_episode_steps: int = 520
+    threads: int = 1
+
+
+def build_env(
+    task: int,
+    stack: str,
+    *,
+    world_model: str | None = None,
+    wm_mode: str = "potential",
+    anchor_fraction: float = 0.1,
+    max_episode_steps: int = 520,
+    calibration: Any = None,
+    seed: int = 0,
+) -> Any:
+    """A single LIBERO-Long env (state-only steps, views rendered on demand) wrapped as ``stack``."""
+    from wmrl_envs.libero.env import LiberoLongEnv
+    from wmrl_envs.world_models.progress import ProgressOutcomeModel
+    from wmrl_envs.world_models.progress_learned import StateProgressModel
+    from wmrl_envs.world_models.progress_rollouts import DEFAULT_PROGRESS_MODEL
+    from wrappers import build_stack
+
+    env = LiberoLongEnv(
+        task_id=task, cameras=False, render_mode="rgb_array", object_state=False, max_episode_steps=max_episode_steps
+    )
+    wm = ProgressOutcomeModel(StateProgressModel.load(world_model or DEFAULT_PROGRESS_MODEL), mode=wm_mode)  # type: ignore[arg-type]
+    return build_stack(env, stack, wm, anchor_fraction=anchor_fraction, seed=seed, calibration=calibration)
+
+
+def _threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+
+
+def _cmd_expert(args: argparse.Namespace) -> int:
+    from agents.vla.expert import ExpertConfig, run_expert
+    from wmrl_envs.libero.env import LiberoLongEnv
+
+    out = open(args.out, "a") if args.out else None
+    table: dict[int, list[bool]] = {}
+    for task in args.tasks:
+        env = LiberoLongEnv(task_id=task, cameras=False, max_episode_steps=args.max_episode_steps)
+        try:
+            for k in args.init_states:
+                r = run_expert(env, k, ExpertConfig(), action_repeat=args.action_repeat)
+                rec = {"task": task, "init_state": k, "success": r.success, "steps": r.steps, "phase": r.phase}
+                print(json.dumps(rec), flush=True)
+                if out:
+                    out.write(json.dumps(rec) + "\n")
+                    out.flush()
+                table.setdefault(task, []).append(r.success)
+        finally:
+            env.close()
+    print("\n| task | successes | init states |\n|---|---|---|")
+    for task, v in table.items():
+        print(f"| {task} | {sum(v)}/{len(v)} | {min(args.init_states)}-{max(args.init_states)} |")
+    return 0
+
+
+def _cmd_demos(args: argparse.Namespace) -> int:
+    from agents.vla.demos import collect_demos
+
+    data, records = collect_demos(
+        args.task,
+        args.init_states,
+        per_init=args.per_init,
+        noise_std=args.noise_std,
+        image_size=args.image_size,
+        seed=args.seed,
+        action_repeat=args.action_repeat,
+        max_episode_steps=args.max_episode_steps,
+    )
+    data.save(args.out)
+    print(json.dumps({"kept": len(data), "tried": len(records), "frames": data.frames, "out": args.out}))
+    return 0
+
+
+def _cmd_sft(args: argparse.Namespace) -> int:
+    from agents.vla.sft import SFTConfig, train_sft
+
+    config = build_config(SFTConfig, {}, args)
+    result = train_sft(config)
+    print(json.dumps({k: v for k, v in result.items() if k != "closed_loop"}, indent=1))
+    if "closed_loop" in result:
+        cl = result["closed_loop"]
+        print(json.dumps({k: cl[k] for k in ("avg", "best_at_k", "all_at_k", "episodes", "per_init")}))
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from agents.vla.model import MiniVLA
+    from agents.vla.trainer import VLAGRPOConfig, train
+    from wrappers import STACKS, CalibrationConfig
+
+    setup = build_config(TrainSetup, {}, args)
+    if setup.stack not in STACKS:
+        print(f"train: --stack must be one of {STACKS}", file=sys.stderr)
+        return 2
+    if not (Path(setup.checkpoint) / "config.json").is_file():
+        print(
+            f"train: no MiniVLA checkpoint at {setup.checkpoint} (run `python -m agents.vla sft` first)",
+            file=sys.stderr,
+        )
+        return 2
+    _threads(setup.threads)
+    config = build_config(VLAGRPOConfig, {}, args)
+    calibration = build_config(CalibrationConfig, {}, args, section="calibration")
+    policy = MiniVLA.load(setup.checkpoint)
+    env = build_env(
+        setup.task,
+        setup.stack,
+        world_model=setup.world_model,
+        wm_mode=setup.wm_mode,
+        anchor_fraction=setup.anchor_fraction,
+        max_episode_steps=setup.max_episode_steps,
+        calibration=calibration,
+        seed=config.seed,
+    )
+    try:
+        history = train(policy, env, config, resume=True, run_info={"setup": config_to_dict(setup)})
+    finally:
+        env.close()
+    for row in history:
+        print(
+            json.dumps(
+                {
+                    k: row.get(k)
+                    for k in (
+                        "step",
+                        "reward/mean",
+                        "success/goal_reached",
+                        "groups/no_signal_share",
+                        "time/act_ms_per_action",
+                        "time/env_steps_per_s",
+                        "time/update_ms_per_row",
+                        "real_executions/step",
+                    )
+                }
+            )
+        )
+    return 0
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from agents.vla.evaluate import EvalConfig, RandomPolicy, evaluate_policy, markdown_table
+    from wmrl_envs.libero.env import LiberoLongEnv
+
+    config = build_config(EvalConfig, {}, args)
+    _threads(args.threads)
+    if config.policy in ("expert", "random"):
+        policy: Any = config.policy if config.policy == "expert" else RandomPolicy(config.seed)
+    else:
+        from agents.vla.model import MiniVLA
+
+        policy = MiniVLA.load(config.policy)
+    rows = []
+    for task in config.tasks:
+        env = LiberoLongEnv(
+            task_id=task,
+            cameras=False,
+            render_mode="rgb_array",
+            object_state=False,
+            max_episode_steps=config.max_episode_steps,
+        )
+        try:
+            for split, states in (
+                ("ID", [k for k in config.init_states if k < 16]),
+                ("OOD", [k for k in config.init_states if k >= 16]),
+            ):
+                if not states:
+                    continue
+                r = evaluate_policy(
+                    env,
+                    policy,
+                    states,
+                    config.trials,
+                    temperature=config.temperature,
+                    seed=config.seed,
+                    action_repeat=config.action_repeat,
+                    image_size=config.image_size,
+                )
+                rows.append({"policy": config.policy, "task": task, "split": split, "seed": config.seed, **r})
+        finally:
+            env.close()
+    print(markdown_table(rows))
+    if config.output:
+        Path(config.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(config.output).write_text(
+            json.dumps({"config": config_to_dict(config), "rows": rows}, indent=1, default=str)
+        )
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    from agents.vla.evaluate import EvalConfig
+    from agents.vla.sft import SFTConfig
+    from agents.vla.trainer import VLAGRPOConfig
+    from wrappers import CalibrationConfig
+
+    parser = argparse.ArgumentParser(
+        prog="python -m agents.vla",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("expert", help="scripted-expert success table (state-only sim)")
+    p.add_argument("--tasks", type=int, nargs="+", default=[7])
+    p.add_argument("--init-states", type=int, nargs="+", default=list(range(16)))
+    p.add_argument("--action-repeat", type=int, default=1)
+    p.add_argument("--max-episode-steps", type=int, default=600)
+    p.add_argument("--out", help="JSONL file to append records to")
+    p = sub.add_parser("demos", help="collect scripted-expert demonstrations (successful episodes only)")
+    p.add_argument("--task", type=int, default=7)
+    p.add_argument("--init-states", type=int, nargs="+", default=list(range(16)))
+    p.add_argument("--per-init", type=int, default=1)
+    p.add_argument("--noise-std", type=float, default=0.1)
+    p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--action-repeat", type=int, default=4)
+    p.add_argument("--max-episode-steps", type=int, default=600)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p = sub.add_parser("sft", help="supervised fine-tuning on demonstrations")
+    add_config_arguments(p, SFTConfig)
+    p = sub.add_parser("train", help="GRPO through a wrapped env stack")
+    add_config_arguments(p, TrainSetup)
+    add_config_arguments(p, VLAGRPOConfig)
+    add_config_arguments(p, CalibrationConfig, section="calibration")
+    p = sub.add_parser("evaluate", help="Avg / Best@8 / All@8 success (ID 0-15, OOD 16-49)")
+    add_config_arguments(p, EvalConfig)
+    p.add_argument("--threads", type=int, default=1)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    args = _parser().parse_args(argv)
+    if args.cmd != "train" and args.cmd != "evaluate":
+        _threads(getattr(args, "threads", 1) or 1)
+    handler = {
+        "expert": _cmd_expert,
+        "demos": _cmd_demos,
+        "sft": _cmd_sft,
+        "train": _cmd_train,
+        "evaluate": _cmd_evaluate,
+    }[args.cmd]
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

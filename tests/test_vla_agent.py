@@ -1,0 +1,266 @@
+"""MiniVLA agent loops on a toy seam env (no MuJoCo): SFT, GRPO through real / wm / wmrl
+stacks, resume, evaluation protocol."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from agents.grpo import group_advantages
+from agents.vla.demos import DemoDataset, DemoEpisode
+from agents.vla.evaluate import RandomPolicy, evaluate_policy, success_metrics
+from agents.vla.model import MiniVLA, MiniVLAConfig, collate
+from agents.vla.rollout import run_group
+from agents.vla.sft import SFTConfig, train_sft
+from agents.vla.tokenizer import dataset_statistics
+from agents.vla.trainer import VLAGRPOConfig, train, update
+from wmrl_envs.outcome import Outcome
+from wmrl_envs.seam import GradingRequest, OutcomeSeam
+from wrappers import CalibrationConfig, build_stack
+
+SIZE = 32
+TINY = dict(image_size=SIZE, patch_size=16, width=32, llm_width=48, vision_layers=1, llm_layers=1)
+
+
+class ToyReach(OutcomeSeam, gym.Env):
+    """Move x past 0.5 within ``horizon`` steps (x += 0.1 * action[0]); graded like LiberoLongEnv:
+    the final step executes no action and reports success; a world model sees the states."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, horizon: int = 6):
+        self.horizon = horizon
+        self.observation_space = spaces.Dict({"proprio": spaces.Box(-np.inf, np.inf, (9,), np.float32)})
+        self.action_space = spaces.Box(-1, 1, (7,), np.float32)
+        self.images = np.random.default_rng(0).integers(0, 255, (2, SIZE, SIZE, 3), dtype=np.uint8)
+
+    def _obs(self) -> dict[str, Any]:
+        p = np.zeros(9, np.float32)
+        p[0] = self.x
+        return {
+            "agentview_image": self.images[0],
+            "wrist_image": self.images[1],
+            "proprio": p,
+            "instruction": "reach right",
+        }
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        options = options or {}
+        self.x, self.turn, self.states = 0.0, 0, [0.0]
+        self.group_id, self.init = options.get("group_id"), int(options.get("init_state", 0))
+        return self._obs(), {"init_state": self.init, "group_id": self.group_id}
+
+    def grading_request(self, action):
+        if self.turn + 1 < self.horizon:
+            return None
+        traj = type(
+            "T", (), {"instruction": "reach right", "states": np.array(self.states)[:, None] * np.ones((1, 2))}
+        )()
+        return GradingRequest({"task_id": "toy", "instruction": "reach right"}, traj, self.group_id)
+
+    def grade(self, request):
+        ok = self.x > 0.5
+        return Outcome("success" if ok else "failure", float(ok), source="env")
+
+    def apply(self, action, outcome):
+        info: dict[str, Any] = {"group_id": self.group_id, "turn": self.turn}
+        if self.turn + 1 >= self.horizon:
+            score = None if outcome is None else outcome.score
+            info.update(
+                graded=True,
+                outcome=outcome,
+                trajectory_reward=score,
+                success=None if outcome is None else outcome.status == "success",
+            )
+            self.turn += 1
+            return self._obs(), float(score or 0.0), False, True, info
+        self.x += 0.1 * float(np.clip(action[0], -1, 1))
+        self.states.append(self.x)
+        self.turn += 1
+        info.update(graded=False)
+        return self._obs(), 0.0, False, False, info
+
+
+class ToyProgressWM:
+    """Dense score: final x / 0.5, clipped (a biased but monotone world model)."""
+
+    def predict(self, contexts, actions):
+        out = []
+        for a in actions:
+            x = float(a.states[-1, 0])
+            out.append(Outcome("success" if x > 0.5 else "failure", float(np.clip(x / 0.5, 0, 1)) ** 2, source="wm"))
+        return out
+
+
+@pytest.fixture(scope="module")
+def stats():
+    rng = np.random.default_rng(0)
+    actions = np.clip(rng.normal(0, 0.5, (300, 7)), -1, 1)
+    actions[:, -1] = np.sign(actions[:, -1])
+    return DemoDataset([_demo(rng)]).statistics() | {"action": dataset_statistics(actions)["action"]}
+
+
+def _demo(rng, n=12):
+    a = np.clip(rng.normal(0.6, 0.1, (n, 7)), -1, 1).astype(np.float32)
+    a[:, -1] = 1.0
+    return DemoEpisode(
+        "reach right",
+        rng.integers(0, 255, (n, SIZE, SIZE, 3), dtype=np.uint8),
+        rng.integers(0, 255, (n, SIZE, SIZE, 3), dtype=np.uint8),
+        rng.normal(size=(n, 9)).astype(np.float32),
+        a,
+        {"task": 0},
+    )
+
+
+def _policy(stats, seed=0):
+    torch.manual_seed(seed)
+    return MiniVLA(MiniVLAConfig.tiny(**TINY), stats).eval()
+
+
+def test_sft_fits_demos_checkpoints_and_resumes(tmp_path):
+    rng = np.random.default_rng(1)
+    data = DemoDataset([_demo(rng), _demo(rng)])
+    path = data.save(tmp_path / "demos.npz")
+    config = SFTConfig(
+        demos=(str(path),),
+        output_dir=str(tmp_path / "sft"),
+        steps=30,
+        batch_size=8,
+        learning_rate=3e-3,
+        warmup_steps=2,
+        log_every=10,
+        checkpoint_every=15,
+        tensorboard=False,
+        progress=False,
+        **TINY,
+    )
+    result = train_sft(config)
+    lines = [json.loads(x) for x in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["loss"] < lines[0]["loss"] and 0.0 <= lines[-1]["token_acc"] <= 1.0
+    model = MiniVLA.load(result["checkpoint"])
+    assert model.statistics["num_trajectories"] == 2
+    # resume: a longer run continues from step 30
+    result2 = train_sft(SFTConfig(**{**config.__dict__, "steps": 40}))
+    assert result2["final"]["step"] == 40
+    assert [json.loads(x)["step"] for x in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()] == [
+        10,
+        20,
+        30,
+        40,
+    ]
+
+
+def test_group_rollout_rows_and_first_epoch_unclipped(stats):
+    env = build_stack(ToyReach(), "real", ToyProgressWM())
+    policy = _policy(stats)
+    eps = run_group(env, policy, "g0", 3, 4, generator=torch.Generator().manual_seed(0))
+    assert len(eps) == 4 and all(e.group_id == "g0" and e.init_state == 3 for e in eps)
+    assert all(len(e.rows) == 5 and e.token_tensor().shape == (5, 7) for e in eps)  # 6 steps, the graded one dropped
+    assert all(e.reward in (0.0, 1.0) and e.source == "env" for e in eps)
+    adv = [1.0, -1.0, 0.5, -0.5]
+    opt = torch.optim.SGD(policy.parameters(), lr=0.0)
+    metrics = update(
+        policy,
+        opt,
+        eps,
+        adv,
+        VLAGRPOConfig(ppo_epochs=2, rows_per_episode=None, micro_batch_size=8, temperature=1.0),
+        np.random.default_rng(0),
+    )
+    assert metrics["loss/clip_frac_epoch0"] == 0.0 and abs(metrics["loss/ratio_mean_epoch0"] - 1.0) < 1e-4
+    assert metrics["update/rows"] == 20
+
+
+def test_update_raises_logprob_of_positive_advantage_rows(stats):
+    env = build_stack(ToyReach(), "real", ToyProgressWM())
+    policy = _policy(stats, seed=1)
+    eps = run_group(env, policy, "g", 0, 2, generator=torch.Generator().manual_seed(1))
+    before = [
+        policy.token_logprobs(__import__("agents.vla.model", fromlist=["collate"]).collate(e.rows), e.token_tensor())
+        .sum()
+        .item()
+        for e in eps
+    ]
+    opt = torch.optim.Adam(policy.parameters(), lr=3e-3)
+    update(
+        policy,
+        opt,
+        eps,
+        [1.0, -1.0],
+        VLAGRPOConfig(rows_per_episode=None, micro_batch_size=16, epsilon=10.0),
+        np.random.default_rng(0),
+    )
+    after = [policy.token_logprobs(collate(e.rows), e.token_tensor()).sum().item() for e in eps]
+    assert after[0] > before[0] and after[1] < before[1]
+
+
+@pytest.mark.parametrize("stack", ["real", "wm", "wmrl"])
+def test_grpo_through_each_stack_logs_costs_and_resumes(stats, stack, tmp_path):
+    cal = CalibrationConfig(start_pairs=4, refit_every=4)
+    env = build_stack(ToyReach(), stack, ToyProgressWM(), anchor_fraction=0.5, calibration=cal)
+    policy = _policy(stats)
+    config = VLAGRPOConfig(
+        total_steps=2,
+        groups_per_step=2,
+        group_size=3,
+        init_states=(0, 1),
+        rows_per_episode=3,
+        micro_batch_size=8,
+        action_repeat=1,
+        image_size=SIZE,
+        output_dir=str(tmp_path / stack),
+        tensorboard=False,
+        progress=False,
+        learning_rate=1e-3,
+    )
+    history = train(policy, env, config)
+    assert [h["step"] for h in history] == [1, 2]
+    h = history[-1]
+    for key in (
+        "reward/mean",
+        "groups/no_signal_share",
+        "time/act_ms_per_action",
+        "time/env_steps_per_s",
+        "success/goal_reached",
+        "real_executions/step",
+    ):
+        assert key in h
+    assert h["groups/used"] == 2
+    if stack == "real":
+        assert h["real_executions/step"] == 6 and h["reward/wm"] is None
+    elif stack == "wm":
+        assert h["real_executions/step"] == 0 and h["reward/env"] is None
+    else:
+        assert h["groups/anchor"] >= 1 and h["real_executions/step"] >= 3
+    ckpt = tmp_path / stack / "checkpoint"
+    assert (ckpt / "model.pt").is_file() and json.loads((ckpt / "trainer.json").read_text())["step"] == 2
+    assert (ckpt / "wrappers.json").is_file()
+    more = train(MiniVLA.load(ckpt), env, VLAGRPOConfig(**{**config.__dict__, "total_steps": 3}), resume=True)
+    assert [h["step"] for h in more] == [3]
+
+
+def test_no_signal_groups_are_counted():
+    r = group_advantages([0.0, 0.0, 1.0, 0.0], ["a", "a", "b", "b"])
+    assert r.stats.groups_degenerate == 1 and r.stats.groups_used == 2
+
+
+def test_evaluation_protocol_on_toy_env():
+    env = ToyReach()
+    out = evaluate_policy(env, RandomPolicy(0), [0, 1, 2], trials=4, action_repeat=1, image_size=SIZE)
+    assert out["episodes"] == 12 and set(out["per_init"]) == {0, 1, 2}
+    assert 0.0 <= out["all_at_k"] <= out["avg"] <= out["best_at_k"] <= 1.0 or out["avg"] == 0.0
+    assert success_metrics({0: [True, True], 1: [False, False]}) == {
+        "avg": 0.5,
+        "best_at_k": 0.5,
+        "all_at_k": 0.5,
+        "init_states": 2,
+        "episodes": 4,
+    }
