@@ -90,8 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_dir / "config.json", {"experiment": args.experiment, "config_file": args.config, **config_to_dict(config)}
     )
     print(f"wmrl-bench {args.experiment}: writing to {run_dir}", flush=True)
-    warnings.formatwarning = _one_line_warning
-    result = mod.run(config, run_dir, progress=not args.no_progress)
+    previous, warnings.formatwarning = warnings.formatwarning, _one_line_warning
+    try:
+        result = mod.run(config, run_dir, progress=not args.no_progress)
+    finally:
+        warnings.formatwarning = previous  # main() also runs in-process (tests, notebooks)
     print()
     print(result["markdown"])
     print()

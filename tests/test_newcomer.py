@@ -57,7 +57,9 @@ def no_model_load(monkeypatch):
 )
 def test_cli_mistakes_fail_in_one_line_before_loading(argv, expected, no_model_load, capsys, tmp_path):
     argv = [str(tmp_path / "out") if a == "X" else a for a in argv]
+    before = warnings.formatwarning
     assert cli.main(argv) == 2
+    assert warnings.formatwarning is before  # the CLI's one-line warning format does not leak
     err = capsys.readouterr().err.strip()
     assert expected in err, err
     assert "\n" not in err and "Traceback" not in err

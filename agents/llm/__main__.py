@@ -432,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, TypeError) as err:
         print(f"python -m agents.llm {args.command}: bad configuration: {err}", file=sys.stderr)
         return 2
-    warnings.formatwarning = _one_line_warning
+    previous, warnings.formatwarning = warnings.formatwarning, _one_line_warning
     try:
         if args.command == "train":
             return cmd_train(run, grpo, calibration, cfg)
@@ -440,6 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         print(f"python -m agents.llm {args.command}: {err}", file=sys.stderr)
         return 2
+    finally:
+        warnings.formatwarning = previous  # main() also runs in-process (tests, notebooks)
 
 
 def _one_line_warning(message: Any, category: type, filename: str, lineno: int, line: str | None = None) -> str:
