@@ -18,7 +18,13 @@ measurement scripts live beside them (see :data:`OTHER_SCRIPTS`).
 __all__ = ["EXPERIMENTS", "OTHER_SCRIPTS"]
 
 #: Experiment name -> module under ``benchmarks``.
-EXPERIMENTS = {"speedup": "speedup", "ablation": "ablation", "fidelity": "fidelity", "leaderboard": "leaderboard"}
+EXPERIMENTS = {
+    "speedup": "speedup",
+    "ablation": "ablation",
+    "fidelity": "fidelity",
+    "leaderboard": "leaderboard",
+    "vla": "vla_eval",
+}
 
 #: Standalone scripts (``python -m benchmarks.<name>``) owned by the modules they measure.
 OTHER_SCRIPTS = {

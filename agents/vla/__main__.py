@@ -239,7 +239,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                 rows.append({"policy": config.policy, "task": task, "split": split, "seed": config.seed, **r})
         finally:
             env.close()
-    print(markdown_table(rows))
+    print(markdown_table(rows, config.trials))
     if config.output:
         Path(config.output).parent.mkdir(parents=True, exist_ok=True)
         Path(config.output).write_text(

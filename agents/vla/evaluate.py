@@ -130,15 +130,15 @@ def evaluate_policy(
     return {"per_init": successes, **success_metrics(successes), **times.summary(), "seconds": time.perf_counter() - t0}
 
 
-def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """A Markdown table of evaluation rows (``policy``, ``task``, ``split``, metrics).
+def markdown_table(rows: Sequence[Mapping[str, Any]], k: int = 8) -> str:
+    """A Markdown table of evaluation rows (``policy``, ``task``, ``split``, metrics; ``k`` trials).
 
     >>> print(markdown_table([{"policy": "random", "task": 7, "split": "ID", "avg": 0.0, "best_at_k": 0.0, "all_at_k": 0.0, "episodes": 16}]))
     | policy | task | split | Avg | Best@8 | All@8 | episodes |
     |---|---|---|---|---|---|---|
     | random | 7 | ID | 0.000 | 0.000 | 0.000 | 16 |
     """
-    lines = ["| policy | task | split | Avg | Best@8 | All@8 | episodes |", "|---|---|---|---|---|---|---|"]
+    lines = [f"| policy | task | split | Avg | Best@{k} | All@{k} | episodes |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['policy']} | {r['task']} | {r['split']} | {r['avg']:.3f} | {r['best_at_k']:.3f} | {r['all_at_k']:.3f} | {r['episodes']} |"
