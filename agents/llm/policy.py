@@ -11,10 +11,11 @@ agent's sampled tokens and the env's observation tokens (:meth:`LLMPolicy.follow
 so the ids scored by :meth:`LLMPolicy.token_logprobs` are exactly the ids sampled.
 
 Generation backends: :class:`TransformersBackend` (default, ``model.generate``) and
-:class:`VLLMBackend` (only when ``vllm`` is importable; weights re-synced after each update).
+:class:`VLLMBackend` (vLLM, GPU or the ``vllm-cpu`` build; weights re-synced after each
+update: a new LoRA adapter, or the full weights in place).
 
 Classes: :class:`LoraSettings`, :class:`LLMPolicy`, :class:`TransformersBackend`,
-:class:`VLLMBackend`. Constant: :data:`DEFAULT_MODEL`.
+:class:`VLLMBackend`. Functions: :func:`export_for_inference`. Constant: :data:`DEFAULT_MODEL`.
 
 >>> policy = LLMPolicy.tiny(seed=0)
 >>> ctx = policy.chat_ids([{"role": "user", "content": "plan?"}])
@@ -38,7 +39,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from wmrl_envs import smollm2
 
-__all__ = ["LoraSettings", "LLMPolicy", "TransformersBackend", "VLLMBackend", "DEFAULT_MODEL"]
+__all__ = ["LoraSettings", "LLMPolicy", "TransformersBackend", "VLLMBackend", "export_for_inference", "DEFAULT_MODEL"]
 
 #: Name accepted by :meth:`LLMPolicy.from_pretrained` for the offline default model.
 DEFAULT_MODEL = smollm2.NAME
@@ -118,24 +119,75 @@ class TransformersBackend:
 
 
 class VLLMBackend:
-    """Samples with vLLM (only when ``vllm`` is importable); weights re-synced after updates.
+    """Samples with vLLM (GPU ``vllm``, or the CPU build ``vllm-cpu``); weights follow the trainer.
 
-    vLLM is optional: on CPU-only machines it is usually absent and :class:`LLMPolicy`
-    falls back to :class:`TransformersBackend` unless ``backend="vllm"`` is forced.
+    The engine loads the policy's weights from a directory this backend writes (config,
+    safetensors and tokenizer; any adapter merged), so any policy works, the GGUF-shipped
+    SmolLM2 and from-config models included. After each update :meth:`sync_weights` brings
+    the engine up to date: under LoRA the adapter is saved and passed as a new
+    ``LoRARequest`` (vLLM's LoRA support; the base weights never move), otherwise the full
+    weights are loaded into the engine's model in place. Sampling seeds are per request
+    (``seed + i``), so a batch is reproducible whatever its composition. The log-probability
+    vLLM reports for each sampled token is kept in :attr:`last_logprobs` (the trainer's
+    recomputed log-probabilities match it within float tolerance; see tests/test_lora_vllm.py).
+
+    The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that weight
+    updates are a plain in-memory load. On CPU, ``kv_cache_gb`` sets
+    ``VLLM_CPU_KVCACHE_SPACE``.
+
+    Args:
+        policy: the policy whose model vLLM serves.
+        max_model_len: longest prompt + completion.
+        dtype: engine dtype (``float32`` matches the trainer's scoring).
+        gpu_memory_utilization: share of GPU memory for the engine (GPU only).
+        kv_cache_gb: CPU KV-cache size in GiB (CPU only).
+        workdir: where the exported weights and adapters go (default: a temp dir).
     """
 
     name = "vllm"
 
-    def __init__(self, policy: LLMPolicy, *, gpu_memory_utilization: float = 0.3):
+    def __init__(
+        self,
+        policy: LLMPolicy,
+        *,
+        max_model_len: int = 4096,
+        dtype: str = "float32",
+        gpu_memory_utilization: float = 0.3,
+        kv_cache_gb: int = 1,
+        workdir: str | Path | None = None,
+    ):
+        import os
+        import tempfile
+
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
         try:
             import vllm
         except ImportError as err:
-            raise ImportError("backend='vllm' needs the `vllm` package (pip install wmrl-envs[vllm])") from err
-        if policy.source is None:
-            raise ValueError("the vLLM backend needs a model loadable by name or path (not a from-config model)")
+            raise ImportError(
+                "backend='vllm' needs the `vllm` package (GPU: pip install 'wmrl-envs[vllm]'; "
+                "CPU: the vllm-cpu build in its own venv, see README)"
+            ) from err
         self.policy = policy
         self._vllm = vllm
-        self.llm = vllm.LLM(model=str(policy.source), gpu_memory_utilization=gpu_memory_utilization, enforce_eager=True)
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="wmrl-vllm-"))
+        self.lora = _is_peft(policy.model)
+        model_dir = export_for_inference(policy, self.workdir / "model")
+        kwargs: dict[str, Any] = {}
+        if self.lora:
+            config = next(iter(policy.model.peft_config.values()))
+            kwargs.update(enable_lora=True, max_lora_rank=max(8, int(config.r)), max_loras=1)
+        if torch.cuda.is_available():
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        self.llm = vllm.LLM(
+            model=str(model_dir), dtype=dtype, max_model_len=max_model_len, enforce_eager=True, seed=0, **kwargs
+        )
+        self.version = 0
+        self._lora_request: Any = None
+        #: Per completion of the last :meth:`generate`: the log-probability vLLM gave each sampled token.
+        self.last_logprobs: list[list[float]] = []
+        if self.lora:
+            self.sync_weights()
 
     def generate(
         self,
@@ -146,15 +198,122 @@ class VLLMBackend:
         top_p: float,
         seed: int | None,
     ) -> list[list[int]]:
-        params = self._vllm.SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
-        prompts = [{"prompt_token_ids": list(c)} for c in contexts]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [self.policy.trim_completion(list(o.outputs[0].token_ids)) for o in outputs]
+        from vllm.inputs import TokensPrompt
+
+        params = [
+            self._vllm.SamplingParams(
+                max_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p if temperature > 0 else 1.0,
+                seed=None if seed is None else seed + i,
+                logprobs=0,
+            )
+            for i in range(len(contexts))
+        ]
+        prompts = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
+        outputs = self.llm.generate(prompts, params, lora_request=self._lora_request, use_tqdm=False)
+        completions, logprobs = [], []
+        for o in outputs:
+            ids = self.policy.trim_completion(list(o.outputs[0].token_ids))
+            steps = o.outputs[0].logprobs or []
+            logprobs.append([float(step[t].logprob) for t, step in zip(ids, steps)])
+            completions.append(ids)
+        self.last_logprobs = logprobs
+        return completions
 
     def sync_weights(self) -> None:
-        model = self.policy.merged_state_dict()
-        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
-        runner.model.load_weights(model.items())
+        """Bring the engine to the trainer's weights (new adapter, or full weights in place)."""
+        self.version += 1
+        if self.lora:
+            from vllm.lora.request import LoRARequest
+
+            path = self.workdir / f"adapter-{self.version}"
+            self.policy.model.save_pretrained(str(path))
+            self._lora_request = LoRARequest(f"policy-{self.version}", self.version, str(path))
+            return
+        state = {k: v.detach().to("cpu") for k, v in self.policy.model.state_dict().items()}
+        if getattr(self.policy.model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        self.llm.apply_model(lambda model: _load_full_weights(model, state))
+        self.llm.reset_prefix_cache()
+
+
+#: Hugging Face projection names -> (vLLM's fused module, position in it), Llama family.
+_FUSED = {
+    ".q_proj.": (".qkv_proj.", 0),
+    ".k_proj.": (".qkv_proj.", 1),
+    ".v_proj.": (".qkv_proj.", 2),
+    ".gate_proj.": (".gate_up_proj.", 0),
+    ".up_proj.": (".gate_up_proj.", 1),
+}
+
+
+def _load_full_weights(model: Any, state: Mapping[str, torch.Tensor]) -> None:
+    """Load Hugging Face-named weights into a live vLLM model, in place.
+
+    On GPU this is the model's own ``load_weights``. On CPU, vLLM repacks every linear
+    weight for oneDNN after loading and drops the original parameter (so ``load_weights``
+    cannot run twice): here the fused q/k/v and gate/up weights are concatenated as vLLM's
+    Llama layers hold them, each linear gets its new weight and is repacked the same way,
+    and every other tensor (norms, embeddings) is copied into its parameter.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        model.load_weights(list(state.items()))
+        return
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    fused: dict[str, dict[int, torch.Tensor]] = {}
+    plain: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        for hf, (target, index) in _FUSED.items():
+            if hf in name:
+                fused.setdefault(name.replace(hf, target), {})[index] = tensor
+                break
+        else:
+            plain[name] = tensor
+    plain.update({name: torch.cat([parts[i] for i in sorted(parts)], dim=0) for name, parts in fused.items()})
+    with torch.no_grad():
+        for name, tensor in plain.items():
+            module_name, _, attr = name.rpartition(".")
+            try:
+                module = model.get_submodule(module_name)
+            except AttributeError:  # not a parameter of the served model (e.g. rotary buffers)
+                continue
+            param = getattr(module, attr)
+            if attr == "weight" and isinstance(module, VocabParallelEmbedding):
+                param.data[: tensor.shape[0]].copy_(tensor)  # in place: a tied LM head shares it
+            elif attr == "weight" and hasattr(module, "cpu_linear"):
+                module.weight = torch.nn.Parameter(tensor.to(param.dtype).contiguous(), requires_grad=False)
+                dispatch_cpu_unquantized_gemm(module, remove_weight=True)
+            else:
+                param.data.copy_(tensor.to(param.dtype))
+        for module in model.modules():  # embeddings and LM heads (tied or not) keep a packed GEMM too
+            if isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear"):
+                dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+
+
+def export_for_inference(policy: LLMPolicy, directory: str | Path) -> Path:
+    """Write ``policy``'s weights (any LoRA adapter merged) as a plain Hugging Face model
+    directory (``config.json``, ``model.safetensors``, tokenizer) for an inference engine."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in policy.merged_state_dict().items()}
+    config = copy.deepcopy(getattr(policy.model, "config", None))
+    if config is None:
+        raise ValueError("export_for_inference: the policy's model has no config")
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    if getattr(config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)  # tied to the input embeddings
+    config.save_pretrained(directory)
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    policy.tokenizer.save_pretrained(directory)
+    return directory
 
 
 class LLMPolicy:
@@ -222,9 +381,16 @@ class LLMPolicy:
 
     @classmethod
     def tiny(
-        cls, *, num_layers: int = 2, hidden_size: int = 64, seed: int = 0, lora: LoraSettings | None = None
+        cls,
+        *,
+        num_layers: int = 2,
+        hidden_size: int = 64,
+        seed: int = 0,
+        lora: LoraSettings | None = None,
+        backend: str = "transformers",
     ) -> LLMPolicy:
-        """A randomly initialised small Llama with the SmolLM2 tokenizer (tests, smoke runs)."""
+        """A randomly initialised small Llama with the SmolLM2 tokenizer (tests, smoke runs;
+        ``backend="vllm"`` needs a head size vLLM supports: ``hidden_size`` 128 or 256)."""
         from transformers import LlamaConfig, LlamaForCausalLM
 
         tokenizer = smollm2.load_tokenizer()
@@ -243,7 +409,7 @@ class LLMPolicy:
         )
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-        return cls(_maybe_lora(model, lora), tokenizer, source=None, backend="transformers")
+        return cls(_maybe_lora(model, lora), tokenizer, source=None, backend=backend)
 
     # ----- tokens -------------------------------------------------------------------
     @property
