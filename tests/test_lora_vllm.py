@@ -66,3 +66,19 @@ def test_vllm_samples_score_the_same_under_the_trainer_and_follow_updates(lora):
     policy.sync_backend()
     again = policy.generate(contexts, max_new_tokens=12, seed=5)
     assert _max_gap(policy, contexts, again) < TOLERANCE < stale
+
+
+def test_lm_world_model_vllm_backend_answers_like_transformers():
+    """The LM world model's vLLM backend on the shipped SmolLM2 (exported once as a plain HF
+    directory): greedy answers identical to the transformers backend's on the same prompts."""
+    from test_world_models_lm import CONTEXT, SCRIPT
+
+    from wmrl_envs.world_models.lm import LMWorldModel, LMWorldModelConfig
+
+    actions = [SCRIPT, SCRIPT.replace("train.shape", "train.columns")]
+    texts = {}
+    for backend in ("vllm", "transformers"):
+        wm = LMWorldModel(LMWorldModelConfig(backend=backend, max_new_tokens=32, batch_size=2, num_threads=1))
+        wm.predict([CONTEXT, CONTEXT], actions)
+        texts[backend] = list(wm.last_texts)
+    assert texts["vllm"] == texts["transformers"]

@@ -7,7 +7,8 @@ tokenizer) under ``$WMRL_CACHE`` (default ``~/.cache/wmrl``); later loads take s
 LLM policy (:mod:`agents.llm.policy`) and the LM world model (:mod:`wmrl_envs.world_models.lm`)
 both load it from here.
 
-Functions: :func:`gguf_file`, :func:`load_tokenizer`, :func:`load_model`, :func:`cache_dir`.
+Functions: :func:`gguf_file`, :func:`load_tokenizer`, :func:`load_model`, :func:`export_hf`,
+:func:`cache_dir`.
 Constant: :data:`NAME`.
 """
 
@@ -20,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["NAME", "gguf_file", "load_tokenizer", "load_model", "cache_dir"]
+__all__ = ["NAME", "gguf_file", "load_tokenizer", "load_model", "export_hf", "cache_dir"]
 
 #: The name the policy and world-model loaders accept for this model.
 NAME = "smollm2-135m-instruct"
@@ -99,3 +100,24 @@ def load_model(dtype: Any = None) -> Any:
         torch.save(model.state_dict(), tmp / "weights.pt")
         tmp.rename(cached)
     return model
+
+
+def export_hf() -> Path:
+    """The model as a plain Hugging Face directory (``config.json``, ``model.safetensors``,
+    tokenizer), written once under :func:`cache_dir`: what an inference engine such as vLLM
+    loads (vLLM reads GGUF only through a plugin)."""
+    from safetensors.torch import save_file
+
+    target = cache_dir() / f"{NAME}-hf"
+    if (target / "model.safetensors").is_file():
+        return target
+    model = load_model()
+    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    model.config.save_pretrained(tmp)
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    load_tokenizer().save_pretrained(tmp)
+    tmp.rename(target)
+    return target

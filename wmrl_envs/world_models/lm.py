@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -282,10 +283,13 @@ class LMWorldModel:
             raise ImportError("backend='vllm' needs the vllm package (pip install vllm); use backend='transformers'")
         from vllm import LLM
 
-        path, kwargs = self._source()
-        # vLLM reads a GGUF model from the file path itself.
-        model = str(Path(path) / kwargs["gguf_file"]) if "gguf_file" in kwargs else path
-        self._vllm = LLM(model=model, seed=self.config.seed)
+        if self.config.model is None:  # the shipped GGUF, exported once as a plain HF directory
+            model = str(smollm2.export_hf())
+        else:
+            path, kwargs = self._source()
+            model = str(Path(path) / kwargs["gguf_file"]) if "gguf_file" in kwargs else path
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB, CPU builds only
+        self._vllm = LLM(model=model, seed=self.config.seed, dtype="float32", enforce_eager=True)
         return self._vllm
 
     def render(self, context: Mapping[str, Any], code: str) -> str:
