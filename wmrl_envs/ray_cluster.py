@@ -95,13 +95,13 @@ def _init_local(ray: Any, **kwargs: Any) -> Any:
     ``RayExecutor.run`` first), the instance would die with that thread. The main thread,
     or a daemon keeper thread that never returns, keeps it alive."""
     if threading.current_thread() is threading.main_thread():
-        return ray.init(**kwargs)
+        return _init_retrying(ray, kwargs)
     box: dict[str, Any] = {}
     ready = threading.Event()
 
     def keeper() -> None:
         try:
-            box["context"] = ray.init(**kwargs)
+            box["context"] = _init_retrying(ray, kwargs)
         except BaseException as e:  # handed to the caller
             box["error"] = e
         finally:
@@ -117,6 +117,19 @@ def _init_local(ray: Any, **kwargs: Any) -> Any:
 
 
 _keep_alive = threading.Event()  # never set
+
+
+def _init_retrying(ray: Any, kwargs: dict[str, Any], attempts: int = 3) -> Any:
+    """``ray.init``, tried again when a starved machine lets the node's start-up time out."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return ray.init(**kwargs)
+        except Exception as e:  # Ray raises a bare Exception for a node start-up timeout
+            if "timed out during startup" not in str(e) or attempt == attempts:
+                raise
+            log.warning("Ray node start-up timed out (attempt %d/%d); retrying", attempt, attempts)
+            ray.shutdown()
+    raise AssertionError("unreachable")
 
 
 def cluster_cpus() -> float:

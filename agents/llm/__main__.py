@@ -96,6 +96,8 @@ class TrainRun(AgentSetup):
         world_model: ``default`` (the shipped CodeOutcomeModel) or a saved model directory.
         anchor_fraction: target share of anchor groups (``wmrl``).
         anchor_min_per_step: floor of anchor groups per step (``wmrl``).
+        anchor_overlap: grade anchor groups for real in the background, overlapping the rest
+            of the step (``wmrl``; see wrappers.anchor_overlap).
         tasks: training task ids (none = the catalog's train split).
         warm_start_steps: supervised steps on demonstration plans before training (for a
             from-config model that cannot follow the format yet; skipped when resuming).
@@ -107,6 +109,7 @@ class TrainRun(AgentSetup):
     world_model: str = "default"
     anchor_fraction: float = 0.10
     anchor_min_per_step: int = 1
+    anchor_overlap: bool = False
     tasks: tuple[str, ...] | None = None
     warm_start_steps: int = 0
     warm_start_lr: float = 1e-2
@@ -308,6 +311,7 @@ def cmd_train(run: TrainRun, grpo: Any, calibration: Any, cfg: EvalConfig) -> in
     stack = build_stack(
         env, run.stack, load_world_model(run.world_model), anchor_fraction=run.anchor_fraction,
         anchor_min_per_step=run.anchor_min_per_step, seed=grpo.seed, calibration=calibration,
+        anchor_overlap=run.anchor_overlap,
     )  # fmt: skip
     t0 = time.perf_counter()
     try:
