@@ -53,6 +53,7 @@ class ToyReach(OutcomeSeam, gym.Env):
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         options = options or {}
+        assert set(options) <= {"init_state", "group_id"}, options  # like LiberoLongEnv
         self.x, self.turn, self.states = 0.0, 0, [0.0]
         self.group_id, self.init = options.get("group_id"), int(options.get("init_state", 0))
         return self._obs(), {"init_state": self.init, "group_id": self.group_id}

@@ -126,6 +126,7 @@ def _cmd_demos(args: argparse.Namespace) -> int:
         seed=args.seed,
         action_repeat=args.action_repeat,
         max_episode_steps=args.max_episode_steps,
+        save_to=args.out,
     )
     data.save(args.out)
     print(json.dumps({"kept": len(data), "tried": len(records), "frames": data.frames, "out": args.out}))

@@ -129,6 +129,7 @@ def collect_demos(
     seed: int = 0,
     action_repeat: int = 4,
     log: Any = print,
+    save_to: str | Path | None = None,
 ) -> tuple[DemoDataset, list[dict[str, Any]]]:
     """Scripted-expert demonstrations of one task; returns the kept episodes and a record per try.
 
@@ -181,10 +182,13 @@ def collect_demos(
                             "init_state": int(init),
                             "seed": seed + k,
                             "noise_std": noise_std,
+                            "action_repeat": action_repeat,
                             "source": "scripted-expert",
                         },
                     )
                 )
+                if save_to is not None:
+                    dataset.save(save_to)
     finally:
         env.close()
     return dataset, records

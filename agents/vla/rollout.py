@@ -177,7 +177,11 @@ def run_group(
 
     Members run one after another on the one env (a LIBERO scene costs ~2 GB per copy).
     """
-    options = {"init_state": int(init_state), "group_id": group_id, "group_size": int(group_size)}
+    from wrappers import AnchorWrapper, find_layer
+
+    options: dict[str, Any] = {"init_state": int(init_state), "group_id": group_id}
+    if find_layer(env, AnchorWrapper) is not None:  # the anchor layer consumes it; a bare env would refuse it
+        options["group_size"] = int(group_size)
     return [
         run_episode(
             env, policy, options, temperature=temperature, generator=generator, times=times, keep_rows=keep_rows
