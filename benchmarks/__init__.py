@@ -9,6 +9,8 @@ Experiments (each a module with a config dataclass ``CONFIG`` and ``run(config, 
   only / both, at the same anchor ratio, on the same mixture of reward streams.
 * ``fidelity`` (:mod:`benchmarks.fidelity`): world-model fidelity reports on held-out logs.
 * ``leaderboard`` (:mod:`benchmarks.leaderboard`): agents on every held-out env.
+* ``scale`` (:mod:`benchmarks.scale`): sandbox runs on Ray vs a local pool, LIBERO rollouts
+  on Ray actors vs ``AsyncVectorEnv``, anchors overlapped with the step vs inside it.
 
 Shared pieces: :mod:`benchmarks.report` (run dirs, JSON, Markdown, mean/spread) and
 :mod:`benchmarks.common` (task splits, shipped configs, seeds, plots). Standalone
@@ -24,6 +26,7 @@ EXPERIMENTS = {
     "fidelity": "fidelity",
     "leaderboard": "leaderboard",
     "vla": "vla_eval",
+    "scale": "scale",
 }
 
 #: Standalone scripts (``python -m benchmarks.<name>``) owned by the modules they measure.
@@ -31,5 +34,6 @@ OTHER_SCRIPTS = {
     "sandbox_overhead": "sandbox launch overhead, local vs Docker backend",
     "wrapper_overhead": "wrapper stack overhead and world-model vs sandbox throughput",
     "agent_step_cost": "cost of one GRPO step of the LLM agent by phase",
+    "llm_step_components": "SmolLM2 step components: generation tokens/s, full vs LoRA update s and peak RSS",
     "libero_throughput": "LIBERO env step throughput",
 }

@@ -15,7 +15,9 @@ that mode's alone:
    process's peak RSS after it.
 
 Run: ``nice python -m benchmarks.llm_step_components [--modes full lora] [--groups 1 --group-size 4]``;
-writes ``<out>/llm_step_components-<stamp>/results.{json,md}``. A step of ``G`` x ``N``
+writes ``<out>/llm_step_components-<stamp>/results.{json,md}``. On a shared machine read
+the CPU-second columns (this process's CPU, threads included; vLLM runs in-process): wall
+seconds there include waiting for other processes. A step of ``G`` x ``N``
 costs about ``G * N`` times the per-sample numbers (generation is batched, so this
 over-estimates it).
 
@@ -122,6 +124,8 @@ def measure(
         "total_params": total,
         "load_s": load_s,
         "generation_s": timer.wall.get("generation", 0.0),
+        "generation_cpu_s": timer.cpu.get("generation", 0.0),
+        "tokens_per_cpu_s": new_tokens / max(timer.cpu.get("generation", 0.0), 1e-9),
         "new_tokens": new_tokens,
         "tokens_per_s": new_tokens / max(timer.wall.get("generation", 0.0), 1e-9),
         "context_tokens": context_tokens,
@@ -175,7 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = markdown_table(
         [{"mode": r["mode"], "backend": r["backend"], "samples": r["samples"],
           "trainable params": f"{r['trainable_params'] / 1e6:.2f} M", "gen tokens/s": f"{r['tokens_per_s']:.1f}",
-          "update s": f"{r['update_s']:.1f}", "update s/sample": f"{r['update_s_per_sample']:.1f}",
+          "gen tokens/CPU-s": f"{r.get('tokens_per_cpu_s', float('nan')):.2f}",
+          "update s": f"{r['update_s']:.1f}", "update CPU-s": f"{r['update_cpu_s']:.1f}",
+          "update s/sample": f"{r['update_s_per_sample']:.1f}",
           "peak RSS MB": f"{r['peak_rss_mb']:.0f}"} for r in rows]
     )  # fmt: skip
     (run_dir / "results.md").write_text(table + "\n")
