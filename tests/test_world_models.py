@@ -623,3 +623,20 @@ def test_anchor_priority_keeps_the_count_and_prefers_low_confidence_groups():
         assert len(a) == len(b)  # same generator draws, same count
         assert b == frozenset(ids[len(ids) - len(b) :])  # the highest-priority (least confident) groups
     assert plain.realized_fraction == prio.realized_fraction
+
+
+def test_shipped_transfer_model_gives_ensemble_confidence():
+    from wmrl_envs.autoresearch.grading import grading_context
+    from wmrl_envs.autoresearch.leaderboard import reference_pool
+    from wmrl_envs.autoresearch.tasks import get_task
+    from wmrl_envs.world_models.code_outcome import TRANSFER_MODEL_DIR
+
+    assert sum(f.stat().st_size for f in TRANSFER_MODEL_DIR.iterdir()) < 5 << 20
+    model = CodeOutcomeModel.load(TRANSFER_MODEL_DIR)
+    assert model.config.n_ensemble == 5 and model.config.transfer_features
+    task = get_task("ames")  # a held-out catalog task
+    pool = [s.code for s in reference_pool(task)]
+    out = [o for o in model.predict([grading_context(task)] * len(pool), pool) if o is not None]
+    valid = [o for o in out if o.status == "valid"]
+    assert valid and any(o.metrics["percentile_std"] > 0 for o in valid)
+    assert all(0.0 <= o.metrics["confidence"] <= 1.0 for o in valid)

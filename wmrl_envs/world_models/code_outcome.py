@@ -49,10 +49,22 @@ from wmrl_envs.world_models.features import ScriptFeaturizer, ScriptSummary
 from wmrl_envs.world_models.logs import LogRecord
 from wmrl_envs.world_models.ranker import PairwiseBoostedRanker
 
-__all__ = ["CodeOutcomeConfig", "CodeOutcomeModel", "DEFAULT_MODEL_DIR", "percentile_of", "confidence"]
+__all__ = [
+    "CodeOutcomeConfig",
+    "CodeOutcomeModel",
+    "DEFAULT_MODEL_DIR",
+    "TRANSFER_MODEL_DIR",
+    "percentile_of",
+    "confidence",
+]
 
 #: Where the fitted default model ships (package data).
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
+#: An optional shipped model with transfer features and a 5-member task-bootstrap ensemble
+#: (fitted on the catalog train split + the log corpus; its spread feeds ``metrics["confidence"]``).
+#: Not the default: on the default's own held-out measure it is not better on the full tier
+#: (see its README). Load with ``CodeOutcomeModel.load(TRANSFER_MODEL_DIR)``.
+TRANSFER_MODEL_DIR = Path(__file__).parent / "transfer_model"
 _FORMAT_VERSION = 1
 
 
