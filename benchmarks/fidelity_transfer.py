@@ -194,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 ),
                 flush=True,
             )
+    _save(out, result)
     if "cv" not in skip:
         result["leave_datasets_out"] = {}
         everything = cat + corp
@@ -208,10 +209,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 name,
                 "cv",
                 json.dumps(
-                    {t: round(v["spearman_within_task"], 3) for t, v in result["leave_datasets_out"][name].items()}
+                    {
+                        t: round(v["spearman_within_task"], 3)
+                        for t, v in result["leave_datasets_out"][name].items()
+                        if t in ("small", "full", "corpus")
+                    }
                 ),
                 flush=True,
             )
+    _save(out, result)
     if "curve" not in skip:
         sizes = [int(x) for x in args.curve_sizes.split(",")]
         n_train_tasks = len({r.task_id for r in train})
@@ -226,8 +232,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             )
         )
     result["total_seconds"] = time.time() - started
-    (out / "fidelity_transfer.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    _save(out, result)
     return result
+
+
+def _save(out: Path, result: Mapping[str, Any]) -> None:
+    (out / "fidelity_transfer.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
 
 
 def _curve_by_tier(  # learning_curve's protocol, with the metrics split by tier
