@@ -166,6 +166,8 @@ def test_group_rollout_rows_and_first_epoch_unclipped(stats):
     assert len(eps) == 4 and all(e.group_id == "g0" and e.init_state == 3 for e in eps)
     assert all(len(e.rows) == 5 and e.token_tensor().shape == (5, 7) for e in eps)  # 6 steps, the graded one dropped
     assert all(e.reward in (0.0, 1.0) and e.source == "env" for e in eps)
+    held = run_group(env, policy, "g1", 0, 2, generator=torch.Generator().manual_seed(0), action_repeat=2)
+    assert all(len(e.rows) == 3 and e.steps == 6 for e in held)  # decisions at steps 0, 2, 4; step 5 graded
     adv = [1.0, -1.0, 0.5, -0.5]
     opt = torch.optim.SGD(policy.parameters(), lr=0.0)
     metrics = update(

@@ -122,6 +122,8 @@ def evaluate_policy(
                     keep_rows=False,
                     times=times,
                     seed=seed + trial,
+                    action_repeat=action_repeat,
+                    image_size=image_size,
                 )
                 ok = bool(ep.goal_reached)
             successes.setdefault(int(k), []).append(bool(ok))

@@ -131,7 +131,9 @@ def run_episode(
     ep = VLAEpisode(options.get("group_id"), int(info.get("init_state", options.get("init_state", -1))))
     ep.anchor = bool(info.get("anchor", False))
     while True:
-        p_obs = policy_obs(obs)
+        t0 = time.perf_counter()
+        p_obs = policy_obs(add_views(env, obs, image_size))
+        times.render_seconds += time.perf_counter() - t0
         t0 = time.perf_counter()
         out = policy.act(
             {k: [v] if k == "instruction" else np.asarray(v)[None] for k, v in p_obs.items()},
@@ -140,15 +142,18 @@ def run_episode(
         )
         times.act_seconds += time.perf_counter() - t0
         times.actions += 1
-        t0 = time.perf_counter()
-        obs, _, terminated, truncated, info = env.step(out.actions[0])
-        times.env_seconds += time.perf_counter() - t0
-        times.env_steps += 1
-        if not info.get("graded", False) and keep_rows:  # the graded final step executes no action
-            ep.rows.append(p_obs)
-            ep.tokens.append(out.tokens[0])
-            ep.logprobs.append(out.logprobs[0])
-        ep.steps += 1
+        for r in range(action_repeat):
+            t0 = time.perf_counter()
+            obs, _, terminated, truncated, info = env.step(out.actions[0])
+            times.env_seconds += time.perf_counter() - t0
+            times.env_steps += 1
+            ep.steps += 1
+            if r == 0 and not info.get("graded", False) and keep_rows:  # a graded step executes no action
+                ep.rows.append(p_obs)
+                ep.tokens.append(out.tokens[0])
+                ep.logprobs.append(out.logprobs[0])
+            if terminated or truncated:
+                break
         if terminated or truncated:
             ep.goal_reached = bool(terminated)
             ep.reward = info.get("trajectory_reward")
@@ -184,7 +189,15 @@ def run_group(
         options["group_size"] = int(group_size)
     return [
         run_episode(
-            env, policy, options, temperature=temperature, generator=generator, times=times, keep_rows=keep_rows
+            env,
+            policy,
+            options,
+            temperature=temperature,
+            generator=generator,
+            times=times,
+            keep_rows=keep_rows,
+            action_repeat=action_repeat,
+            image_size=image_size,
         )
         for _ in range(group_size)
     ]
