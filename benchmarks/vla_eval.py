@@ -120,6 +120,7 @@ def run(config: VLAEvalConfig, run_dir: Path, *, progress: bool = True) -> dict[
         "total_wall_s": time.perf_counter() - started,
     }
     markdown = (
-        f"## LIBERO-Long agents (trials per init state: {config.trials}, seed {config.seed})\n\n" + markdown_table(rows, config.trials)
+        f"## LIBERO-Long agents (trials per init state: {config.trials}, seed {config.seed})\n\n"
+        + markdown_table(rows, config.trials)
     )
     return write_results(run_dir, result, markdown)
