@@ -8,6 +8,10 @@
   scaffolds), :mod:`~agents.llm.rollout` (multi-turn group rollouts), :mod:`~agents.llm.trainer`
   (``GRPOConfig`` + ``train()``), :mod:`~agents.llm.evaluate` (avg@k), and a CLI:
   ``python -m agents.llm train|evaluate``.
+* :mod:`agents.vla` — the MiniVLA agent on LIBERO-Long: OpenVLA action tokens, SigLIP (+DINOv2)
+  / projector / Qwen2 from ``transformers`` configs, Prismatic checkpoint loading, scripted
+  expert demonstrations, SFT, GRPO through the same stacks, and a CLI:
+  ``python -m agents.vla expert|demos|sft|train|evaluate`` (see ``docs/vla.md``).
 
 Submodules import torch / transformers; ``import agents`` alone does not.
 """
