@@ -47,7 +47,7 @@ PAYLOADS = (
 
 _CHILD = textwrap.dedent(
     """
-    import json, resource, sys, time
+    import json, sys, time
     from wmrl_envs.autoresearch.grading import outcome_from_execution
     from wmrl_envs.autoresearch.tasks import get_task
     from wmrl_envs.sandbox.base import ExecutionResult
@@ -60,11 +60,19 @@ _CHILD = textwrap.dedent(
     result = ExecutionResult("ok", 0, "", "", 1.0, 1.0, 1 << 20, files=files, backend="local",
                              oversized_files={"submission.csv": len(raw)} if oversized else {})
     del raw
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    def high_water():
+        # VmHWM, not ru_maxrss: Linux carries ru_maxrss across execve, so a child started from
+        # a large process (pytest with torch loaded) would report its parent's size.
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+
+    base = high_water()
     t0 = time.process_time()
     out = outcome_from_execution(task, result, [0.5], answers=answers)
     cpu = time.process_time() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = high_water()
     print(json.dumps({"status": out.status, "reason": out.metrics.get("invalid_reason", ""),
                       "feedback_chars": len(out.feedback), "baseline_rss": base, "peak_rss": peak,
                       "cpu_seconds": round(cpu, 3)}))

@@ -125,7 +125,7 @@ def test_byo_csv_to_task(tmp_path):
     assert r.task_type == "regression" and r.metric == "rmse"
     with pytest.raises(ValueError, match="target column 'nope' not in the CSV"):
         task_from_csv(csv, "nope", root=tmp_path / "tasks")
-    with pytest.raises(ValueError, match="metric 'rmse' does not fit a multiclass task"):
+    with pytest.raises(ValueError, match="metric 'rmse' needs a numeric target; 'ShelveLoc' is not numeric"):
         task_from_csv(csv, "ShelveLoc", metric="rmse", root=tmp_path / "tasks")
 
 

@@ -206,7 +206,6 @@ class DockerExecutor:
                 "org.wmrl.sandbox.executor": self.instance_id,
                 "org.wmrl.sandbox.owner": self._owner,
             },
-            stop_timeout=1,
             detach=True,
         )
 
