@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from benchmarks.report import machine_summary, write_results
 from wmrl_envs.config_cli import config_to_dict
 
@@ -62,56 +60,26 @@ class VLAEvalConfig:
 CONFIG = VLAEvalConfig
 
 
-def _policy(name: str, seed: int) -> Any:
-    from agents.vla.evaluate import RandomPolicy
-
-    if name == "expert":
-        return "expert"
-    if name == "random":
-        return RandomPolicy(seed)
-    from agents.vla.model import MiniVLA
-
-    return MiniVLA.load(name)
-
-
 def run(config: VLAEvalConfig, run_dir: Path, *, progress: bool = True) -> dict[str, Any]:
     """Every policy x task x split; writes ``results.json`` and ``results.md``."""
     import torch
 
-    from agents.vla.evaluate import evaluate_policy, markdown_table
-    from wmrl_envs.libero.env import LiberoLongEnv
+    from agents.vla.evaluate import evaluate_tasks, markdown_table
 
     torch.set_num_threads(1)
     started = time.perf_counter()
-    rows: list[dict[str, Any]] = []
-    jobs = [(p, t) for t in config.tasks for p in config.policies]
-    for task in config.tasks:
-        env = LiberoLongEnv(
-            task_id=task,
-            cameras=False,
-            render_mode="rgb_array",
-            object_state=False,
-            max_episode_steps=config.max_episode_steps,
-        )
-        try:
-            for name in tqdm([p for p, t in jobs if t == task], desc=f"vla task {task}", disable=not progress):
-                policy = _policy(name, config.seed)
-                for split, states in (("ID", config.id_init_states), ("OOD", config.ood_init_states)):
-                    if not states:
-                        continue
-                    r = evaluate_policy(
-                        env,
-                        policy,
-                        states,
-                        config.trials,
-                        temperature=config.temperature,
-                        seed=config.seed,
-                        action_repeat=config.action_repeat,
-                        image_size=config.image_size,
-                    )
-                    rows.append({"policy": name, "task": task, "split": split, "seed": config.seed, **r})
-        finally:
-            env.close()
+    rows = evaluate_tasks(
+        config.policies,
+        config.tasks,
+        {"ID": config.id_init_states, "OOD": config.ood_init_states},
+        config.trials,
+        temperature=config.temperature,
+        seed=config.seed,
+        action_repeat=config.action_repeat,
+        image_size=config.image_size,
+        max_episode_steps=config.max_episode_steps,
+        progress=progress,
+    )
     result = {
         "experiment": NAME,
         "config": config_to_dict(config),

@@ -200,46 +200,21 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from agents.vla.evaluate import EvalConfig, RandomPolicy, evaluate_policy, markdown_table
-    from wmrl_envs.libero.env import LiberoLongEnv
+    from agents.vla.evaluate import EvalConfig, evaluate_tasks, markdown_table
 
     config = build_config(EvalConfig, {}, args)
     _threads(args.threads)
-    if config.policy in ("expert", "random"):
-        policy: Any = config.policy if config.policy == "expert" else RandomPolicy(config.seed)
-    else:
-        from agents.vla.model import MiniVLA
-
-        policy = MiniVLA.load(config.policy)
-    rows = []
-    for task in config.tasks:
-        env = LiberoLongEnv(
-            task_id=task,
-            cameras=False,
-            render_mode="rgb_array",
-            object_state=False,
-            max_episode_steps=config.max_episode_steps,
-        )
-        try:
-            for split, states in (
-                ("ID", [k for k in config.init_states if k < 16]),
-                ("OOD", [k for k in config.init_states if k >= 16]),
-            ):
-                if not states:
-                    continue
-                r = evaluate_policy(
-                    env,
-                    policy,
-                    states,
-                    config.trials,
-                    temperature=config.temperature,
-                    seed=config.seed,
-                    action_repeat=config.action_repeat,
-                    image_size=config.image_size,
-                )
-                rows.append({"policy": config.policy, "task": task, "split": split, "seed": config.seed, **r})
-        finally:
-            env.close()
+    rows = evaluate_tasks(
+        [config.policy],
+        config.tasks,
+        {"ID": [k for k in config.init_states if k < 16], "OOD": [k for k in config.init_states if k >= 16]},
+        config.trials,
+        temperature=config.temperature,
+        seed=config.seed,
+        action_repeat=config.action_repeat,
+        image_size=config.image_size,
+        max_episode_steps=config.max_episode_steps,
+    )
     print(markdown_table(rows, config.trials))
     if config.output:
         Path(config.output).parent.mkdir(parents=True, exist_ok=True)

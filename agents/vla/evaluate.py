@@ -4,8 +4,8 @@ For each initial state, ``trials`` (8) episodes are run; ``Avg`` is the mean suc
 episodes, ``Best@8`` the share of initial states solved at least once, ``All@8`` the share
 solved every time. Splits: ID = init states 0-15 (GRPO trains there), OOD = 16-49.
 
-Classes: :class:`EvalConfig`. Functions: :func:`success_metrics`, :func:`evaluate_policy`,
-:func:`markdown_table`.
+Classes: :class:`EvalConfig`, :class:`RandomPolicy`. Functions: :func:`success_metrics`,
+:func:`load_policy`, :func:`evaluate_policy`, :func:`evaluate_tasks`, :func:`markdown_table`.
 
 >>> success_metrics({0: [True] * 8, 1: [False, True] + [False] * 6, 2: [False] * 8})
 {'avg': 0.375, 'best_at_k': 0.6667, 'all_at_k': 0.3333, 'init_states': 3, 'episodes': 24}
@@ -22,7 +22,15 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["EvalConfig", "success_metrics", "evaluate_policy", "markdown_table", "RandomPolicy"]
+__all__ = [
+    "EvalConfig",
+    "success_metrics",
+    "load_policy",
+    "evaluate_policy",
+    "evaluate_tasks",
+    "markdown_table",
+    "RandomPolicy",
+]
 
 
 @dataclass
@@ -84,6 +92,17 @@ class RandomPolicy:
         return SimpleNamespace(actions=a, tokens=torch.zeros((n, 7), dtype=torch.long), logprobs=torch.zeros((n, 7)))
 
 
+def load_policy(name: str, seed: int = 0) -> Any:
+    """``"expert"``, a :class:`RandomPolicy` for ``"random"``, else the MiniVLA checkpoint at ``name``."""
+    if name == "expert":
+        return "expert"
+    if name == "random":
+        return RandomPolicy(seed)
+    from agents.vla.model import MiniVLA
+
+    return MiniVLA.load(name)
+
+
 def evaluate_policy(
     env: Any,
     policy: Any,
@@ -130,6 +149,58 @@ def evaluate_policy(
             if log is not None:
                 log(json.dumps({"init_state": int(k), "trial": trial, "success": bool(ok)}))
     return {"per_init": successes, **success_metrics(successes), **times.summary(), "seconds": time.perf_counter() - t0}
+
+
+def evaluate_tasks(
+    policies: Sequence[str],
+    tasks: Sequence[int],
+    splits: Mapping[str, Sequence[int]],
+    trials: int = 8,
+    *,
+    temperature: float = 1.0,
+    seed: int = 0,
+    action_repeat: int = 4,
+    image_size: int = 64,
+    max_episode_steps: int = 520,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """One row per policy x task x split (``{"ID": [0, ..., 15], "OOD": [...]}``; empty splits skipped).
+
+    One simulator per task serves every policy (building a LIBERO env is the slow part).
+    """
+    from tqdm.auto import tqdm
+
+    from wmrl_envs.libero.env import LiberoLongEnv
+
+    rows: list[dict[str, Any]] = []
+    for task in tasks:
+        env = LiberoLongEnv(
+            task_id=task,
+            cameras=False,
+            render_mode="rgb_array",
+            object_state=False,
+            max_episode_steps=max_episode_steps,
+        )
+        try:
+            for name in tqdm(policies, desc=f"vla task {task}", disable=not progress):
+                policy = load_policy(name, seed)
+                for split, states in splits.items():
+                    if not states:
+                        continue
+                    r = evaluate_policy(
+                        env,
+                        policy,
+                        states,
+                        trials,
+                        temperature=temperature,
+                        seed=seed,
+                        action_repeat=action_repeat,
+                        image_size=image_size,
+                    )
+                    rows.append({"policy": name, "task": task, "split": split, "seed": seed, **r})
+        finally:
+            env.close()
+    return rows
 
 
 def markdown_table(rows: Sequence[Mapping[str, Any]], k: int = 8) -> str:
