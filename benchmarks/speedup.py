@@ -173,6 +173,9 @@ class SpeedupConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.scaffold not in ("plan", "raw"):
             raise ValueError(f"scaffold must be 'plan' or 'raw', got {self.scaffold!r}")
+        if self.vectorization not in ("sync", "async"):
+            # Ray workers' CPU is not this process's or its children's: the budget could not see it.
+            raise ValueError(f"vectorization must be 'sync' or 'async', got {self.vectorization!r}")
         if self.monitor_action not in ("raise", "stop"):
             raise ValueError(f"monitor_action must be 'raise' or 'stop', got {self.monitor_action!r}")
 

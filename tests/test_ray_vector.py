@@ -15,7 +15,8 @@ from ray_helpers import ray_instance  # noqa: F401
 from test_wrappers import without_timings
 from wrapper_toys import SyntheticWorldModel, ToySeamEnv
 
-from wmrl_envs.ray_vector import RayVectorEnv, SubEnvLost, make_ray_vector_env
+from wmrl_envs.ray_vector import RayVectorEnv, SubEnvLost
+from wmrl_envs.vector import make_vector_env
 from wrappers import VectorAnchorWrapper, VectorCalibrationWrapper, VectorWorldModelWrapper, stack_state_dict
 
 
@@ -64,7 +65,9 @@ def test_wmrl_stack_on_ray_actors_matches_sync_vector_env(toys_by_value, mode):
 
 
 def test_autoresearch_env_in_actors(ray_instance):  # noqa: F811
-    env = make_ray_vector_env("wmrl/AutoResearch-v0", 2, split="train", max_turns=2, num_cpus=0.25)
+    env = make_vector_env(
+        "wmrl/AutoResearch-v0", 2, vectorization="ray", ray_options={"num_cpus": 0.25}, split="train", max_turns=2
+    )
     ref = gym.vector.SyncVectorEnv(
         [lambda: gym.make("wmrl/AutoResearch-v0", split="train", max_turns=2)] * 2,
         autoreset_mode=AutoresetMode.SAME_STEP,
@@ -85,7 +88,9 @@ def test_autoresearch_env_in_actors(ray_instance):  # noqa: F811
 
 
 def test_lost_actor_is_reported_by_sub_env(ray_instance):  # noqa: F811
-    env = make_ray_vector_env("wmrl/AutoResearch-v0", 2, split="train", max_turns=1, num_cpus=0.25)
+    env = make_vector_env(
+        "wmrl/AutoResearch-v0", 2, vectorization="ray", ray_options={"num_cpus": 0.25}, split="train", max_turns=1
+    )
     env.reset(seed=0, options={"task": "penguins"})
     ray_instance.kill(env.actors[1])
     with pytest.raises(SubEnvLost, match="sub-env 1's Ray actor died"):

@@ -75,6 +75,8 @@ def test_make_vector_env_rejects_bad_arguments():
         make_vector_env("wmrl/AutoResearch-v0", 0)
     with pytest.raises(ValueError, match="vectorization must be one of"):
         make_vector_env("wmrl/AutoResearch-v0", 2, vectorization="threads")
+    with pytest.raises(ValueError, match="ray_options apply to vectorization='ray' only, not 'sync'"):
+        make_vector_env("wmrl/AutoResearch-v0", 2, ray_options={"num_cpus": 1})
 
 
 # ------------------------------------------------------------------ the stack builder

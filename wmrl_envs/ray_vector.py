@@ -17,16 +17,16 @@ holds everything worth keeping).
 
 Example (starts a local Ray instance, so not run as a doctest)::
 
-    from wmrl_envs.ray_vector import make_ray_vector_env
+    from wmrl_envs.vector import make_vector_env
     from wrappers import build_stack
     from wmrl_envs.world_models import CodeOutcomeModel
 
-    env = make_ray_vector_env("wmrl/AutoResearch-v0", 8, split="train", max_turns=1)   # 8 actors
+    env = make_vector_env("wmrl/AutoResearch-v0", 8, vectorization="ray", split="train", max_turns=1)  # 8 actors
     env = build_stack(env, "wmrl", CodeOutcomeModel.load_default())     # the same wrappers
-    # on a cluster: make_ray_vector_env(..., address="auto") or RAY_ADDRESS=HEAD:6379
+    # on a cluster: ray_options={"address": "auto"} or RAY_ADDRESS=HEAD:6379
 
-Classes: :class:`RayVectorEnv`, :class:`EnvFactory`, :class:`SubEnvLost`.
-Functions: :func:`make_ray_vector_env`.
+Classes: :class:`RayVectorEnv`, :class:`EnvFactory`, :class:`SubEnvLost`. Build it with the
+suite's one factory, :func:`wmrl_envs.vector.make_vector_env` (``vectorization="ray"``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-__all__ = ["RayVectorEnv", "EnvFactory", "SubEnvLost", "make_ray_vector_env"]
+__all__ = ["RayVectorEnv", "EnvFactory", "SubEnvLost"]
 
 
 class SubEnvLost(RuntimeError):
@@ -263,28 +263,3 @@ class RayVectorEnv(VectorEnv):
             except Exception:  # noqa: BLE001 - a dead actor has nothing left to close
                 pass
             ray.kill(actor)
-
-
-def make_ray_vector_env(
-    env_id: str,
-    num_envs: int,
-    *,
-    autoreset_mode: AutoresetMode = AutoresetMode.SAME_STEP,
-    num_cpus: float = 1.0,
-    address: str | None = None,
-    local_cpus: int | None = None,
-    actor_options: Mapping[str, Any] | None = None,
-    **env_kwargs: Any,
-) -> RayVectorEnv:
-    """``num_envs`` actors each holding ``gym.make(env_id, **env_kwargs)``: the Ray
-    counterpart of :func:`wmrl_envs.vector.make_vector_env` (same-step autoreset by default)."""
-    if num_envs < 1:
-        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-    return RayVectorEnv(
-        [EnvFactory(env_id, **env_kwargs) for _ in range(num_envs)],
-        autoreset_mode=autoreset_mode,
-        num_cpus=num_cpus,
-        address=address,
-        local_cpus=local_cpus,
-        actor_options=actor_options,
-    )

@@ -37,7 +37,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 __all__ = ["known_info", "sub_info", "make_vector_env", "VECTORIZATION_MODES"]
 
 #: Accepted ``vectorization`` values of :func:`make_vector_env`.
-VECTORIZATION_MODES = ("sync", "async")
+VECTORIZATION_MODES = ("sync", "async", "ray")
 
 
 def known_info(info: Mapping[str, Any]) -> dict[str, Any]:
@@ -66,6 +66,7 @@ def make_vector_env(
     *,
     vectorization: str = "sync",
     autoreset_mode: AutoresetMode = AutoresetMode.SAME_STEP,
+    ray_options: Mapping[str, Any] | None = None,
     **env_kwargs: Any,
 ) -> VectorEnv:
     """``num_envs`` copies of ``gym.make(env_id, **env_kwargs)`` as one vector env.
@@ -75,9 +76,12 @@ def make_vector_env(
         num_envs: sub-envs (>= 1).
         vectorization: ``"sync"`` (one process; right for envs whose cost is a sandbox run
             or a world-model call) or ``"async"`` (a process per sub-env; Text observations
-            need ``shared_memory=False``, which is set here).
+            need ``shared_memory=False``, which is set here) or ``"ray"`` (each sub-env a Ray
+            actor: :class:`~wmrl_envs.ray_vector.RayVectorEnv`, same API and autoreset).
         autoreset_mode: same-step by default: an LLM agent's episode ends on a step, and
             the next group's reset must not cost an extra no-op step per slot.
+        ray_options: with ``"ray"`` only: ``num_cpus`` per actor, ``address`` of a cluster
+            (default: a local instance, or ``RAY_ADDRESS``), ``local_cpus``, ``actor_options``.
         env_kwargs: passed to every ``gym.make``.
 
     >>> import wmrl_envs
@@ -90,6 +94,16 @@ def make_vector_env(
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
     if vectorization not in VECTORIZATION_MODES:
         raise ValueError(f"vectorization must be one of {VECTORIZATION_MODES}, got {vectorization!r}")
+    if ray_options is not None and vectorization != "ray":
+        raise ValueError(f"ray_options apply to vectorization='ray' only, not {vectorization!r}")
+    if vectorization == "ray":
+        from wmrl_envs.ray_vector import EnvFactory, RayVectorEnv
+
+        return RayVectorEnv(
+            [EnvFactory(env_id, **env_kwargs) for _ in range(num_envs)],
+            autoreset_mode=AutoresetMode(autoreset_mode),
+            **dict(ray_options or {}),
+        )
     vector_kwargs: dict[str, Any] = {"autoreset_mode": AutoresetMode(autoreset_mode)}
     if vectorization == "async":
         vector_kwargs["shared_memory"] = False  # Text observations are stale with shared memory
