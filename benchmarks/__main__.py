@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 from benchmarks import EXPERIMENTS, OTHER_SCRIPTS
 from benchmarks.common import load_config
 from benchmarks.report import make_run_dir, write_json
-from wmrl_envs.config_cli import add_config_arguments, build_config, config_to_dict, plain_text
+from wmrl_envs.config_cli import add_config_arguments, build_config, config_to_dict, one_line_warnings, plain_text
 
 __all__ = ["main"]
 
@@ -61,11 +60,6 @@ def _summary(doc: str) -> str:
     return plain_text(doc.strip().splitlines()[0].split(": ", 1)[-1]).rstrip(".") if doc.strip() else ""
 
 
-def _one_line_warning(message: Any, category: type, filename: str, lineno: int, line: str | None = None) -> str:
-    # Warnings of an experiment are meant for the person running it, not a traceback.
-    return f"warning ({category.__name__}): {message}\n"
-
-
 def _load(module: str) -> Any:
     import importlib
 
@@ -90,11 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_dir / "config.json", {"experiment": args.experiment, "config_file": args.config, **config_to_dict(config)}
     )
     print(f"wmrl-bench {args.experiment}: writing to {run_dir}", flush=True)
-    previous, warnings.formatwarning = warnings.formatwarning, _one_line_warning
-    try:
+    with one_line_warnings():
         result = mod.run(config, run_dir, progress=not args.no_progress)
-    finally:
-        warnings.formatwarning = previous  # main() also runs in-process (tests, notebooks)
     print()
     print(result["markdown"])
     print()

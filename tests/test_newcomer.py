@@ -241,6 +241,27 @@ def test_benchmark_cli_mistakes_fail_in_one_line(argv, expected, capsys, tmp_pat
     assert not list(tmp_path.iterdir())  # refused before a run directory was made
 
 
+@pytest.mark.parametrize(
+    "module, argv, expected",
+    [
+        ("wmrl_envs.autoresearch.cli", ["build-leaderboards", "--tasks", "nope"], "wmrl-tasks: unknown task 'nope'"),
+        (
+            "wmrl_envs.world_models.cli",
+            ["fidelity", "--model", "/no/such", "--logs", "/no/such.jsonl"],
+            "wmrl-wm: /no/such holds no CodeOutcomeModel",
+        ),  # fmt: skip
+        ("wmrl_envs.sandbox.cli", ["run", "/no/such.py"], "wmrl-sandbox: [Errno 2] No such file or directory"),
+    ],
+)
+def test_data_tool_mistakes_fail_in_one_line(module, argv, expected, capsys, monkeypatch):
+    import importlib
+
+    monkeypatch.delenv("WMRL_TRACEBACK", raising=False)
+    assert importlib.import_module(module).main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(expected) and "\n" not in err, err
+
+
 def test_ablation_warns_when_the_corrections_cannot_engage():
     from benchmarks.ablation import AblationConfig
 

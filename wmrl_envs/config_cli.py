@@ -12,8 +12,14 @@ Help text is written for users: Sphinx markup is reduced to plain text and a fie
 "Default X." sentence is dropped, since every flag's help ends with its actual default
 (:func:`plain_text`).
 
+Running a command: :func:`one_line_warnings` shows warnings as ``warning (Category): text``
+(they are meant for the person at the terminal), and :func:`run_cli` also reports bad input
+(``ValueError``, a missing file) as ``prog: message`` with exit code 2 instead of a traceback
+(``WMRL_TRACEBACK=1`` shows the traceback).
+
 Functions: :func:`add_config_arguments`, :func:`build_config`, :func:`load_config_file`,
-:func:`config_to_dict`, :func:`field_doc`, :func:`plain_text`.
+:func:`config_to_dict`, :func:`field_doc`, :func:`plain_text`, :func:`one_line_warnings`,
+:func:`run_cli`.
 
 >>> import argparse, dataclasses
 >>> @dataclasses.dataclass
@@ -33,18 +39,35 @@ Demo(steps=5, tags=('a', 'b'))
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import os
 import re
+import sys
 import types
 import typing
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import tomllib
 
-__all__ = ["add_config_arguments", "build_config", "load_config_file", "config_to_dict", "field_doc", "plain_text"]
+__all__ = [
+    "add_config_arguments",
+    "build_config",
+    "load_config_file",
+    "config_to_dict",
+    "field_doc",
+    "plain_text",
+    "one_line_warnings",
+    "run_cli",
+    "USER_ERRORS",
+]
+
+#: What :func:`run_cli` reports as one line: the errors bad input raises across the project.
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, NotADirectoryError)
 
 _ROLE = re.compile(r":[a-z]+:`~?([^`<]*?)\s*(?:<[^`]*>)?`")
 _DEFAULT_SENTENCE = re.compile(r"\s*Defaults?:? [^.()]*(?:\.\d[^.]*)*\.\s*$")
@@ -232,3 +255,37 @@ def build_config(
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A config dataclass as a JSON-ready dict (tuples as lists)."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
+
+
+def _one_line_warning(message: Any, category: type, filename: str, lineno: int, line: str | None = None) -> str:
+    return f"warning ({category.__name__}): {message}\n"
+
+
+@contextlib.contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Within the block, warnings print as one line each; the previous format is restored
+    after (commands also run in-process: tests, notebooks)."""
+    previous, warnings.formatwarning = warnings.formatwarning, _one_line_warning
+    try:
+        yield
+    finally:
+        warnings.formatwarning = previous
+
+
+def run_cli(prog: str, body: Callable[[], int], errors: tuple[type[BaseException], ...] = USER_ERRORS) -> int:
+    """Run a command's ``body``: one-line warnings, and ``errors`` printed as ``prog: message``
+    on stderr with exit code 2 (``WMRL_TRACEBACK=1`` re-raises them).
+
+    >>> def body():
+    ...     raise FileNotFoundError("no model at /nowhere")
+    >>> run_cli("demo", body)  # stderr: "demo: no model at /nowhere"
+    2
+    """
+    with one_line_warnings():
+        try:
+            return body()
+        except errors as err:
+            if os.environ.get("WMRL_TRACEBACK"):
+                raise
+            print(f"{prog}: {err}", file=sys.stderr)
+            return 2

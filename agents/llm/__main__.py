@@ -35,7 +35,6 @@ import dataclasses
 import json
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -414,7 +413,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from agents.llm.trainer import GRPOConfig
-    from wmrl_envs.config_cli import build_config, load_config_file
+    from wmrl_envs.config_cli import build_config, load_config_file, one_line_warnings
     from wrappers import CalibrationConfig
 
     args = _parser().parse_args(argv)
@@ -435,21 +434,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, TypeError) as err:
         print(f"python -m agents.llm {args.command}: bad configuration: {err}", file=sys.stderr)
         return 2
-    previous, warnings.formatwarning = warnings.formatwarning, _one_line_warning
-    try:
-        if args.command == "train":
-            return cmd_train(run, grpo, calibration, cfg)
-        return cmd_evaluate(erun, cfg, explicit)
-    except UsageError as err:
-        print(f"python -m agents.llm {args.command}: {err}", file=sys.stderr)
-        return 2
-    finally:
-        warnings.formatwarning = previous  # main() also runs in-process (tests, notebooks)
-
-
-def _one_line_warning(message: Any, category: type, filename: str, lineno: int, line: str | None = None) -> str:
-    # The trainer's warnings are meant for the person running the command, not a traceback.
-    return f"warning ({category.__name__}): {message}\n"
+    with one_line_warnings():
+        try:
+            if args.command == "train":
+                return cmd_train(run, grpo, calibration, cfg)
+            return cmd_evaluate(erun, cfg, explicit)
+        except UsageError as err:
+            print(f"python -m agents.llm {args.command}: {err}", file=sys.stderr)
+            return 2
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from wmrl_envs.config_cli import run_cli
+
 __all__ = ["main", "catalog_table", "full_tier_table"]
 
 _MARK = "<!-- catalog-table -->"
@@ -181,6 +183,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``wmrl-tasks`` command; bad input is one line on stderr and exit code 2."""
+    return run_cli("wmrl-tasks", lambda: _command(argv))
+
+
+def _command(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.cmd == "list":
         from wmrl_envs.autoresearch.tasks import get_task, list_catalog

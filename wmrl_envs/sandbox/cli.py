@@ -19,6 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+from wmrl_envs.config_cli import USER_ERRORS, run_cli
+from wmrl_envs.sandbox.base import SandboxUnavailable
+
 __all__ = ["main"]
 
 
@@ -56,6 +59,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``wmrl-sandbox`` command; bad input is one line on stderr and exit code 2."""
+    return run_cli("wmrl-sandbox", lambda: _command(argv), errors=(*USER_ERRORS, SandboxUnavailable))
+
+
+def _command(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wmrl-sandbox", description="wmrl-envs sandbox tools")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build-image", help="build the Docker sandbox image offline")

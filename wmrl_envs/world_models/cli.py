@@ -26,6 +26,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from wmrl_envs.config_cli import run_cli
 from wmrl_envs.world_models.code_outcome import CodeOutcomeConfig, CodeOutcomeModel
 from wmrl_envs.world_models.fidelity import evaluate_fidelity
 from wmrl_envs.world_models.logs import LogRecord, read_logs
@@ -72,6 +73,11 @@ def _load_model(spec: str) -> CodeOutcomeModel:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``wmrl-wm`` command; bad input is one line on stderr and exit code 2."""
+    return run_cli("wmrl-wm", lambda: _command(argv))
+
+
+def _command(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wmrl-wm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     fit = sub.add_parser("fit", help="fit a CodeOutcomeModel on execution logs")
