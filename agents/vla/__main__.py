@@ -8,7 +8,8 @@
     python -m agents.vla train    --checkpoint runs/vla/sft/checkpoint --stack wmrl --task 7 --total-steps 2
     python -m agents.vla evaluate --policy runs/vla/grpo-wmrl/checkpoint --tasks 7 --init-states 16 17 --trials 8
 
-``sft`` takes :class:`~agents.vla.sft.SFTConfig`, ``train`` takes :class:`TrainSetup` and
+``expert`` takes :class:`ExpertRun`, ``demos`` :class:`DemosRun`, ``sft``
+:class:`~agents.vla.sft.SFTConfig`, ``train`` takes :class:`TrainSetup` and
 :class:`~agents.vla.trainer.VLAGRPOConfig` (plus ``--calibration-*`` of
 :class:`~wrappers.CalibrationConfig` for the ``wmrl`` stack), ``evaluate`` takes
 :class:`~agents.vla.evaluate.EvalConfig`; every flag is a documented field
@@ -29,7 +30,56 @@ from typing import Any
 
 from wmrl_envs.config_cli import add_config_arguments, build_config, config_to_dict
 
-__all__ = ["main", "TrainSetup", "build_env"]
+__all__ = ["main", "ExpertRun", "DemosRun", "TrainSetup", "build_env"]
+
+
+@dataclass
+class ExpertRun:
+    """Settings of ``python -m agents.vla expert``: the scripted expert's success table.
+
+    Attributes:
+        tasks: LIBERO-Long task indices.
+        init_states: initial states to try on each task.
+        action_repeat: env steps each expert action is held for (1 = the simulator's 20 Hz).
+        max_episode_steps: episode limit (above LIBERO's 520 so that near misses show).
+        out: JSONL file to append one record per episode to (None: print only).
+    """
+
+    tasks: tuple[int, ...] = (7,)
+    init_states: tuple[int, ...] = tuple(range(16))
+    action_repeat: int = 1
+    max_episode_steps: int = 600
+    out: str | None = None
+
+
+@dataclass
+class DemosRun:
+    """Settings of ``python -m agents.vla demos``: scripted-expert demonstrations.
+
+    Only episodes the simulator marks successful are kept.
+
+    Attributes:
+        task: LIBERO-Long task index.
+        init_states: initial states to demonstrate from.
+        per_init: episodes tried per initial state.
+        noise_std: std of the Gaussian noise added to executed actions (DART-style; the
+            recorded label is the expert's clean action).
+        image_size: side of the recorded camera views.
+        action_repeat: env steps each decision is held for (the policy's decision rate).
+        max_episode_steps: episode limit.
+        seed: seed of the noise.
+        out: the ``.npz`` file written (after every kept episode, so a killed run keeps them).
+    """
+
+    task: int = 7
+    init_states: tuple[int, ...] = tuple(range(16))
+    per_init: int = 1
+    noise_std: float = 0.1
+    image_size: int = 64
+    action_repeat: int = 4
+    max_episode_steps: int = 600
+    seed: int = 0
+    out: str = "runs/vla/demos.npz"
 
 
 @dataclass
@@ -93,13 +143,14 @@ def _cmd_expert(args: argparse.Namespace) -> int:
     from agents.vla.expert import ExpertConfig, run_expert
     from wmrl_envs.libero.env import LiberoLongEnv
 
-    out = open(args.out, "a") if args.out else None
+    config = build_config(ExpertRun, {}, args)
+    out = open(config.out, "a") if config.out else None
     table: dict[int, list[bool]] = {}
-    for task in args.tasks:
-        env = LiberoLongEnv(task_id=task, cameras=False, max_episode_steps=args.max_episode_steps)
+    for task in config.tasks:
+        env = LiberoLongEnv(task_id=task, cameras=False, max_episode_steps=config.max_episode_steps)
         try:
-            for k in args.init_states:
-                r = run_expert(env, k, ExpertConfig(), action_repeat=args.action_repeat)
+            for k in config.init_states:
+                r = run_expert(env, k, ExpertConfig(), action_repeat=config.action_repeat)
                 rec = {"task": task, "init_state": k, "success": r.success, "steps": r.steps, "phase": r.phase}
                 print(json.dumps(rec), flush=True)
                 if out:
@@ -110,26 +161,27 @@ def _cmd_expert(args: argparse.Namespace) -> int:
             env.close()
     print("\n| task | successes | init states |\n|---|---|---|")
     for task, v in table.items():
-        print(f"| {task} | {sum(v)}/{len(v)} | {min(args.init_states)}-{max(args.init_states)} |")
+        print(f"| {task} | {sum(v)}/{len(v)} | {min(config.init_states)}-{max(config.init_states)} |")
     return 0
 
 
 def _cmd_demos(args: argparse.Namespace) -> int:
     from agents.vla.demos import collect_demos
 
+    config = build_config(DemosRun, {}, args)
     data, records = collect_demos(
-        args.task,
-        args.init_states,
-        per_init=args.per_init,
-        noise_std=args.noise_std,
-        image_size=args.image_size,
-        seed=args.seed,
-        action_repeat=args.action_repeat,
-        max_episode_steps=args.max_episode_steps,
-        save_to=args.out,
+        config.task,
+        config.init_states,
+        per_init=config.per_init,
+        noise_std=config.noise_std,
+        image_size=config.image_size,
+        seed=config.seed,
+        action_repeat=config.action_repeat,
+        max_episode_steps=config.max_episode_steps,
+        save_to=config.out,
     )
-    data.save(args.out)
-    print(json.dumps({"kept": len(data), "tried": len(records), "frames": data.frames, "out": args.out}))
+    data.save(config.out)
+    print(json.dumps({"kept": len(data), "tried": len(records), "frames": data.frames, "out": config.out}))
     return 0
 
 
@@ -237,21 +289,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("expert", help="scripted-expert success table (state-only sim)")
-    p.add_argument("--tasks", type=int, nargs="+", default=[7])
-    p.add_argument("--init-states", type=int, nargs="+", default=list(range(16)))
-    p.add_argument("--action-repeat", type=int, default=1)
-    p.add_argument("--max-episode-steps", type=int, default=600)
-    p.add_argument("--out", help="JSONL file to append records to")
+    add_config_arguments(p, ExpertRun)
     p = sub.add_parser("demos", help="collect scripted-expert demonstrations (successful episodes only)")
-    p.add_argument("--task", type=int, default=7)
-    p.add_argument("--init-states", type=int, nargs="+", default=list(range(16)))
-    p.add_argument("--per-init", type=int, default=1)
-    p.add_argument("--noise-std", type=float, default=0.1)
-    p.add_argument("--image-size", type=int, default=64)
-    p.add_argument("--action-repeat", type=int, default=4)
-    p.add_argument("--max-episode-steps", type=int, default=600)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True)
+    add_config_arguments(p, DemosRun)
     p = sub.add_parser("sft", help="supervised fine-tuning on demonstrations")
     add_config_arguments(p, SFTConfig)
     p = sub.add_parser("train", help="GRPO through a wrapped env stack")
