@@ -295,6 +295,8 @@ def test_config_files_and_flags(tmp_path):
         build_config(SpeedupConfig, {"stepz": 3})
     with pytest.raises(ValueError, match="arms must be"):
         SpeedupConfig(arms=("real", "bogus"))
+    with pytest.raises(ValueError, match="vectorization must be 'sync' or 'async', got 'ray'"):
+        SpeedupConfig(vectorization="ray")  # Ray workers' CPU would escape the budget
     with pytest.raises(FileNotFoundError, match="shipped configs"):
         load_config("no-such-config")
     ablation_only = tmp_path / "a.toml"
