@@ -523,6 +523,32 @@ def test_leave_tasks_out_never_fits_on_the_predicted_dataset(logs):
     assert set.union(*({r.task_id for r in logs} - s for s in seen)) == {r.task_id for r in logs}
 
 
+def test_template_transfer_prior_and_oracle_landmarks():
+    from wmrl_envs.world_models.transfer import dataset_folds, template_transfer
+
+    # a template's score follows the landmark's on every table (plus a table-independent
+    # offset), so the oracle that knows the landmark ranks it; the prior cannot
+    rng = np.random.default_rng(0)
+    recs = []
+    for i in range(12):
+        level = float(rng.uniform(0.2, 0.8))
+        kind = "binary" if i % 2 else "regression"
+        for sid, score in (("mark", level), ("follows", level + 0.1), ("flat", 0.5)):
+            ctx = {"meta": {"task_type": kind}}
+            recs.append(LogRecord(f"t{i}", "x", ctx, Outcome("valid", score), solution_id=sid))
+    folds = dataset_folds(recs, 4)
+    assert all(f == folds[3 * (k // 3)] for k, f in enumerate(folds))  # one task, one fold
+    prior = template_transfer(recs, n_folds=4)
+    oracle = template_transfer(recs, ["mark"], n_folds=4, alpha=1e-6)
+    assert all(o is None for o, r in zip(oracle, recs) if r.solution_id == "mark")
+    follows = [(p, o, r.outcome.score) for p, o, r in zip(prior, oracle, recs) if r.solution_id == "follows"]
+    assert max(abs(o - t) for _, o, t in follows) < 1e-3  # the oracle recovers the relation
+    assert max(abs(p - t) for p, _, t in follows) > 0.1  # the prior only knows the mean
+    # donors are other folds' tasks of the same task type only
+    lone = [*recs, LogRecord("u", "x", {"meta": {"task_type": "multiclass"}}, Outcome("valid", 0.3), solution_id="flat")]
+    assert template_transfer(lone, n_folds=4)[-1] is None
+
+
 def test_transfer_model_with_ranker_ensemble_confidence_round_trip(tmp_path, split):
     train, test = split
     cfg = CodeOutcomeConfig(

@@ -19,9 +19,15 @@ grown corpus (:mod:`wmrl_envs.world_models.corpus`).
 
 * :func:`anchor_preference_simulation` -- are anchor groups chosen by low world-model
   confidence more useful calibration pairs than random ones?
+* :func:`template_transfer` -- how well can *any* predictor rank a table's solutions from
+  other tables? Out-of-fold scores of each pool template from the same template's scores on
+  other datasets, knowing nothing of the new table (the template prior) or knowing the true
+  scores of a few "landmark" templates executed on it (an oracle no world model has). It
+  bounds what ranking by transfer can reach at a given number of training tasks.
 
 Functions: :func:`pairwise_accuracy`, :func:`expected_calibration_error`, :func:`ranking_metrics`,
-:func:`leave_tasks_out`, :func:`learning_curve`, :func:`tier_of`, :func:`anchor_preference_simulation`.
+:func:`leave_tasks_out`, :func:`learning_curve`, :func:`tier_of`, :func:`anchor_preference_simulation`,
+:func:`dataset_folds`, :func:`template_transfer`.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ __all__ = [
     "tier_of",
     "predict_records",
     "anchor_preference_simulation",
+    "dataset_folds",
+    "template_transfer",
 ]
 
 FitFn = Callable[[Sequence[LogRecord]], WorldModel]
@@ -183,6 +191,19 @@ def predict_records(model: WorldModel, records: Sequence[LogRecord], batch_size:
     return out
 
 
+def dataset_folds(records: Sequence[LogRecord], n_folds: int = 5, seed: int = 0) -> list[int]:
+    """Each record's fold: datasets are dealt into ``n_folds`` folds in a seeded random order
+    (every task of one dataset in the same fold).
+
+    >>> dataset_folds([LogRecord("diamonds_cut", "", {}, None), LogRecord("diamonds_price", "", {}, None)], 2)
+    [0, 0]
+    """
+    datasets = sorted({dataset_of(r.task_id, r.context) for r in records})
+    rng = np.random.default_rng(seed)
+    fold_of = {d: i % n_folds for i, d in enumerate(rng.permutation(datasets).tolist())}
+    return [fold_of[dataset_of(r.task_id, r.context)] for r in records]
+
+
 def leave_tasks_out(
     records: Sequence[LogRecord],
     fit: FitFn,
@@ -198,10 +219,7 @@ def leave_tasks_out(
     ``evaluate``: only folds holding at least one record it accepts are fitted (others get
     ``None``), e.g. to score only catalog tasks while training on everything else.
     """
-    datasets = sorted({dataset_of(r.task_id, r.context) for r in records})
-    rng = np.random.default_rng(seed)
-    fold_of = {d: i % n_folds for i, d in enumerate(rng.permutation(datasets).tolist())}
-    folds = [fold_of[dataset_of(r.task_id, r.context)] for r in records]
+    folds = dataset_folds(records, n_folds, seed)
     preds: list[Outcome | None] = [None] * len(records)
     for k in tqdm(range(n_folds), desc="leave-tasks-out", disable=not progress):
         test = [i for i, f in enumerate(folds) if f == k and (evaluate is None or evaluate(records[i]))]
@@ -308,4 +326,62 @@ def anchor_preference_simulation(
         "anchors_per_step": anchors_per_step,
         "seeds": list(seeds),
     }
+    return out
+
+
+def template_transfer(
+    records: Sequence[LogRecord],
+    landmarks: Sequence[str] = (),
+    *,
+    n_folds: int = 5,
+    seed: int = 0,
+    alpha: float = 1.0,
+) -> list[float | None]:
+    """Out-of-fold score of each pool-template record, transferred from other datasets.
+
+    A record's prediction uses only tasks in other folds (:func:`dataset_folds`) of the same
+    ``task_type`` on which its template (``solution_id``) was run. With no ``landmarks`` it is
+    the template's mean score there (the *template prior*: what a model that knows the
+    solution but nothing about the new table can do). With landmarks it is a ridge
+    regression (``alpha``), across those tasks, of the template's score on the landmark
+    templates' true scores, applied to the landmarks' true scores on the record's own task:
+    an **oracle** that has executed the landmarks on the new table. Landmark records
+    themselves, and records with no such training task, get ``None``.
+
+    >>> def rec(task, sid, score):
+    ...     return LogRecord(task, "", {"meta": {"task_type": "binary"}}, Outcome("valid", score), solution_id=sid)
+    >>> recs = [rec(f"t{i}", s, v) for i in range(4) for s, v in (("a", 0.2 * i), ("b", 0.9 - 0.2 * i))]
+    >>> [round(p, 3) if p is not None else p for p in template_transfer(recs, n_folds=4)][:2]
+    [0.4, 0.5]
+    """
+    from sklearn.linear_model import Ridge
+
+    folds = dataset_folds(records, n_folds, seed)
+    scores: dict[str, dict[str, float]] = {}
+    fold_of: dict[str, int] = {}
+    kind_of: dict[str, Any] = {}
+    for r, f in zip(records, folds, strict=True):
+        if r.known and r.outcome is not None and r.solution_id:
+            scores.setdefault(r.task_id, {})[r.solution_id] = float(r.outcome.score or 0.0)
+            fold_of[r.task_id] = f
+            kind_of[r.task_id] = r.context.get("meta", {}).get("task_type")
+    marks = list(landmarks)
+    out: list[float | None] = []
+    for r, f in zip(records, folds, strict=True):
+        own = scores.get(r.task_id, {})
+        donors = [
+            u
+            for u, s in scores.items()
+            if fold_of[u] != f and kind_of[u] == kind_of.get(r.task_id) and r.solution_id in s and all(m in s for m in marks)
+        ]
+        if r.solution_id in marks or not donors or not all(m in own for m in marks):
+            out.append(None)
+            continue
+        y = np.array([scores[u][r.solution_id] for u in donors])
+        if not marks:
+            out.append(float(y.mean()))
+            continue
+        x = np.array([[scores[u][m] for m in marks] for u in donors])
+        model = Ridge(alpha=alpha).fit(x, y)
+        out.append(float(model.predict(np.array([[own[m] for m in marks]]))[0]))
     return out
