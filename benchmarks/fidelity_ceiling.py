@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import new_figure, save_figure
 from benchmarks.fidelity_transfer import VARIANTS, _fit, load_all
 from wmrl_envs.outcome import Outcome
 from wmrl_envs.world_models.logs import LogRecord
@@ -62,15 +63,11 @@ def _tiers(preds: Sequence[Outcome | None], records: Sequence[LogRecord], keep: 
 
 
 def _plot(rows: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     names = list(rows)
     tiers = ("small", "full", "corpus")
-    fig, ax = plt.subplots(figsize=(10, 4))
+    fig, ax = new_figure(10, 4)
     width = 0.8 / len(names)
     for j, name in enumerate(names):
         vals = [rows[name][t]["spearman_within_task"] or 0.0 for t in tiers]
@@ -82,10 +79,7 @@ def _plot(rows: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3, axis="y")
     fig.suptitle("Ranking unseen tables: world model vs template prior vs oracle landmarks")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common import new_figure, save_figure
 from wmrl_envs.world_models.code_outcome import CodeOutcomeConfig, CodeOutcomeModel
 from wmrl_envs.world_models.logs import LogRecord, read_logs
 from wmrl_envs.world_models.transfer import (
@@ -102,12 +103,7 @@ def _split(records: Sequence[LogRecord]) -> dict[str, str]:
 
 
 def _plot(rows: Sequence[Mapping[str, Any]], path: Path, n_catalog_train: int) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = new_figure(10, 4, ncols=2)
     for ax, key, label in (
         (axes[0], "spearman_within_task", "within-task Spearman"),
         (axes[1], "pairwise_accuracy", "pairwise accuracy"),
@@ -130,10 +126,7 @@ def _plot(rows: Sequence[Mapping[str, Any]], path: Path, n_catalog_train: int) -
     for ax in axes:
         ax.legend(fontsize=8)
     fig.suptitle("CodeOutcomeModel fidelity on unseen catalog tasks vs number of training tasks")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -545,7 +545,10 @@ def test_template_transfer_prior_and_oracle_landmarks():
     assert max(abs(o - t) for _, o, t in follows) < 1e-3  # the oracle recovers the relation
     assert max(abs(p - t) for p, _, t in follows) > 0.1  # the prior only knows the mean
     # donors are other folds' tasks of the same task type only
-    lone = [*recs, LogRecord("u", "x", {"meta": {"task_type": "multiclass"}}, Outcome("valid", 0.3), solution_id="flat")]
+    lone = [
+        *recs,
+        LogRecord("u", "x", {"meta": {"task_type": "multiclass"}}, Outcome("valid", 0.3), solution_id="flat"),
+    ]
     assert template_transfer(lone, n_folds=4)[-1] is None
 
 

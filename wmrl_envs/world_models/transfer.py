@@ -372,7 +372,10 @@ def template_transfer(
         donors = [
             u
             for u, s in scores.items()
-            if fold_of[u] != f and kind_of[u] == kind_of.get(r.task_id) and r.solution_id in s and all(m in s for m in marks)
+            if fold_of[u] != f
+            and kind_of[u] == kind_of.get(r.task_id)
+            and r.solution_id in s
+            and all(m in s for m in marks)
         ]
         if r.solution_id in marks or not donors or not all(m in own for m in marks):
             out.append(None)
