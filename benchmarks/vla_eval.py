@@ -42,6 +42,8 @@ class VLAEvalConfig:
         action_repeat: env steps each decision is held for.
         image_size: side of the camera views.
         max_episode_steps: episode limit (LIBERO-Long: 520).
+        env_cameras: views from the env's camera observations, as in the demonstrations
+            (see :class:`agents.vla.evaluate.EvalConfig`; default True).
         seed: seed of sampling and resets.
     """
 
@@ -54,6 +56,7 @@ class VLAEvalConfig:
     action_repeat: int = 4
     image_size: int = 64
     max_episode_steps: int = 520
+    env_cameras: bool = True
     seed: int = 0
 
 
@@ -78,6 +81,7 @@ def run(config: VLAEvalConfig, run_dir: Path, *, progress: bool = True) -> dict[
         action_repeat=config.action_repeat,
         image_size=config.image_size,
         max_episode_steps=config.max_episode_steps,
+        env_cameras=config.env_cameras,
         progress=progress,
     )
     result = {

@@ -55,10 +55,13 @@ def test_group_rollout_through_the_wmrl_stack(env):
         env.config.max_episode_steps = 600
 
 
-def test_evaluate_tasks_gives_a_row_per_policy_and_nonempty_split():
+@pytest.mark.parametrize("env_cameras", [True, False])
+def test_evaluate_tasks_gives_a_row_per_policy_and_nonempty_split(env_cameras):
     from agents.vla.evaluate import RandomPolicy, evaluate_tasks, load_policy
 
     assert load_policy("expert") == "expert" and isinstance(load_policy("random", 3), RandomPolicy)
-    rows = evaluate_tasks(["random"], [7], {"ID": [0], "OOD": []}, 1, max_episode_steps=8, image_size=32)
+    rows = evaluate_tasks(
+        ["random"], [7], {"ID": [0], "OOD": []}, 1, max_episode_steps=8, image_size=32, env_cameras=env_cameras
+    )
     assert [(r["policy"], r["task"], r["split"], r["episodes"]) for r in rows] == [("random", 7, "ID", 1)]
     assert rows[0]["per_init"] == {0: [False]}  # 8 random steps never solve a two-object task

@@ -266,6 +266,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         action_repeat=config.action_repeat,
         image_size=config.image_size,
         max_episode_steps=config.max_episode_steps,
+        env_cameras=config.env_cameras,
     )
     print(markdown_table(rows, config.trials))
     if config.output:

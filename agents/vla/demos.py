@@ -135,7 +135,8 @@ def collect_demos(
 
     Each try is ``(init_state, k)`` with seed ``seed + k``; only tries the simulator marks
     successful are kept. One recorded frame per decision (each held ``action_repeat`` env
-    steps), with both camera views rendered at that step only.
+    steps), its views the env's camera observations (the env renders every step; evaluate
+    with ``env_cameras=True`` to show a policy the same kind of image).
     """
     from agents.vla.expert import ExpertConfig, run_expert
     from wmrl_envs.libero.env import LiberoLongEnv

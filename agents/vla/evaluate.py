@@ -47,6 +47,12 @@ class EvalConfig:
         action_repeat: env steps each decision is held for (as in training).
         image_size: side of the rendered camera views.
         max_episode_steps: episode limit (LIBERO-Long's evaluation uses 520).
+        env_cameras: take the policy's views from the env's camera observations, as the
+            demonstrations (``python -m agents.vla demos``) and the SFT run's evaluation do
+            (default True). ``False`` renders them at decision steps only (cheaper; what GRPO
+            rollouts see). robosuite samples camera observations inside the control step, so
+            the two differ slightly (~1 intensity level on average after a few steps), and a
+            policy fitted to one can fail on the other.
         seed: seed of the policy's sampling and the env resets.
         output: JSON file to write (``None``: print only).
     """
@@ -59,6 +65,7 @@ class EvalConfig:
     action_repeat: int = 4
     image_size: int = 64
     max_episode_steps: int = 520
+    env_cameras: bool = True
     seed: int = 0
     output: str | None = None
 
@@ -162,11 +169,13 @@ def evaluate_tasks(
     action_repeat: int = 4,
     image_size: int = 64,
     max_episode_steps: int = 520,
+    env_cameras: bool = True,
     progress: bool = False,
 ) -> list[dict[str, Any]]:
     """One row per policy x task x split (``{"ID": [0, ..., 15], "OOD": [...]}``; empty splits skipped).
 
-    One simulator per task serves every policy (building a LIBERO env is the slow part).
+    One simulator per task serves every policy (building a LIBERO env is the slow part);
+    ``env_cameras`` as in :class:`EvalConfig`.
     """
     from tqdm.auto import tqdm
 
@@ -176,8 +185,10 @@ def evaluate_tasks(
     for task in tasks:
         env = LiberoLongEnv(
             task_id=task,
-            cameras=False,
-            render_mode="rgb_array",
+            cameras=env_cameras,
+            image_size=image_size,
+            record_frames=False,
+            render_mode=None if env_cameras else "rgb_array",
             object_state=False,
             max_episode_steps=max_episode_steps,
         )
