@@ -65,3 +65,18 @@ def test_evaluate_tasks_gives_a_row_per_policy_and_nonempty_split(env_cameras):
     )
     assert [(r["policy"], r["task"], r["split"], r["episodes"]) for r in rows] == [("random", 7, "ID", 1)]
     assert rows[0]["per_init"] == {0: [False]}  # 8 random steps never solve a two-object task
+
+
+@pytest.mark.parametrize("env_cameras", [True, False])
+def test_train_env_views_come_from_the_env_cameras_like_the_demos(env_cameras):
+    from agents.vla.__main__ import build_env
+
+    env = build_env(7, "real", max_episode_steps=8, env_cameras=env_cameras, image_size=32)
+    try:
+        obs, _ = env.reset(seed=0, options={"init_state": 0})
+        if env_cameras:  # what demos record: the env's own camera observations
+            assert obs["agentview_image"].shape == (32, 32, 3) and obs["wrist_image"].shape == (32, 32, 3)
+        else:  # rendered on demand at decision steps (agents.vla.rollout.add_views)
+            assert "agentview_image" not in obs and env.unwrapped.render_mode == "rgb_array"
+    finally:
+        env.close()

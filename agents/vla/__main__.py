@@ -95,6 +95,9 @@ class TrainSetup:
         wm_mode: dense reward of the world model (``potential``, ``final``, ``max``, ``success``).
         anchor_fraction: share of anchor groups (``wmrl``).
         max_episode_steps: env steps per episode (LIBERO-Long: 520).
+        env_cameras: views from the env's camera observations, as the demonstrations were
+            recorded (default True); ``False`` renders them at decision steps only (cheaper,
+            slightly different images: see ``agents.vla.evaluate.EvalConfig``).
         threads: torch CPU threads.
     """
 
@@ -105,6 +108,7 @@ class TrainSetup:
     wm_mode: str = "potential"
     anchor_fraction: float = 0.10
     max_episode_steps: int = 520
+    env_cameras: bool = True
     threads: int = 1
 
 
@@ -118,8 +122,11 @@ def build_env(
     max_episode_steps: int = 520,
     calibration: Any = None,
     seed: int = 0,
+    env_cameras: bool = True,
+    image_size: int = 64,
 ) -> Any:
-    """A single LIBERO-Long env (state-only steps, views rendered on demand) wrapped as ``stack``."""
+    """A single LIBERO-Long env wrapped as ``stack``: camera views in every observation
+    (``env_cameras``), or state-only steps with views rendered on demand."""
     from wmrl_envs.libero.env import LiberoLongEnv
     from wmrl_envs.world_models.progress import ProgressOutcomeModel
     from wmrl_envs.world_models.progress_learned import StateProgressModel
@@ -127,7 +134,13 @@ def build_env(
     from wrappers import build_stack
 
     env = LiberoLongEnv(
-        task_id=task, cameras=False, render_mode="rgb_array", object_state=False, max_episode_steps=max_episode_steps
+        task_id=task,
+        cameras=env_cameras,
+        image_size=image_size,
+        record_frames=False,
+        render_mode=None if env_cameras else "rgb_array",
+        object_state=False,
+        max_episode_steps=max_episode_steps,
     )
     wm = ProgressOutcomeModel(StateProgressModel.load(world_model or DEFAULT_PROGRESS_MODEL), mode=wm_mode)  # type: ignore[arg-type]
     return build_stack(env, stack, wm, anchor_fraction=anchor_fraction, seed=seed, calibration=calibration)
@@ -225,6 +238,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         max_episode_steps=setup.max_episode_steps,
         calibration=calibration,
         seed=config.seed,
+        env_cameras=setup.env_cameras,
+        image_size=config.image_size,
     )
     try:
         history = train(policy, env, config, resume=True, run_info={"setup": config_to_dict(setup)})
