@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from wmrl_envs.autoresearch.byo import task_from_csv
-from wmrl_envs.autoresearch.catalog import CATALOG, catalog_split
+from wmrl_envs.autoresearch.catalog import CATALOG, build_catalog, catalog_split
 from wmrl_envs.autoresearch.leaderboard import load_leaderboard, logs_root, reference_pool
 from wmrl_envs.autoresearch.procedural import ProceduralConfig, generate_frame, generate_task
 from wmrl_envs.autoresearch.tasks import get_task, list_catalog
@@ -52,6 +52,21 @@ def test_leaks_are_removed_and_private_answers_match_test_ids():
         assert t.target not in test.columns
         assert test[t.id_column].tolist() == answers[t.id_column].tolist()
         assert set(t.read_train()[t.id_column]).isdisjoint(test[t.id_column])
+
+
+def test_catalog_rebuilt_with_the_shipped_seed_matches_and_another_seed_redraws_the_split(tmp_path):
+    shipped = get_task("penguins")
+    (same,) = build_catalog(tmp_path / "s0", only=["penguins"])
+    (other,) = build_catalog(tmp_path / "s1", only=["penguins"], seed=1)
+    pd.testing.assert_frame_equal(same.read_train(), shipped.read_train())
+    pd.testing.assert_frame_equal(same.read_answers(), shipped.read_answers())
+    # Another draw of the same task: same table, target, metric and sizes; other rows held out.
+    assert (other.target, other.metric, other.run_limits()) == (shipped.target, shipped.metric, shipped.run_limits())
+    assert len(other.read_train()) == len(shipped.read_train())
+    assert list(other.read_train().columns) == list(shipped.read_train().columns)
+    key = [c for c in shipped.read_train().columns if c not in (shipped.id_column, shipped.target)]
+    other_rows, shipped_rows = (set(map(tuple, t.read_test()[key].astype(str).to_numpy())) for t in (other, shipped))
+    assert other_rows != shipped_rows
 
 
 def test_public_inputs_never_include_private_files():

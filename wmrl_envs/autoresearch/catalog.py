@@ -683,7 +683,7 @@ def catalog_split(tier: str | None = "small") -> dict[str, list[str]]:
     return {s: [c.task_id for c in specs if c.split == s] for s in ("train", "test")}
 
 
-def _prepare(spec: CatalogSpec) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _prepare(spec: CatalogSpec, seed: int = SEED) -> tuple[pd.DataFrame, pd.DataFrame]:
     df = spec.load().drop(columns=list(spec.drop))
     df = df.dropna(subset=[spec.target]).reset_index(drop=True)
     # Categoricals as plain strings so CSVs round-trip identically under any pandas.
@@ -693,17 +693,25 @@ def _prepare(spec: CatalogSpec) -> tuple[pd.DataFrame, pd.DataFrame]:
     classification = spec.task_type != "regression"
     stratify = df[spec.target].astype(str) if classification else None
     if len(df) > spec.max_rows:
-        df, _ = train_test_split(df, train_size=spec.max_rows, random_state=SEED, stratify=stratify)
+        df, _ = train_test_split(df, train_size=spec.max_rows, random_state=seed, stratify=stratify)
         stratify = df[spec.target].astype(str) if classification else None
-    train, test = train_test_split(df, test_size=TEST_FRACTION, random_state=SEED, stratify=stratify)
+    train, test = train_test_split(df, test_size=TEST_FRACTION, random_state=seed, stratify=stratify)
     return train.reset_index(drop=True), test.reset_index(drop=True)
 
 
 def build_catalog(
-    root: str | Path | None = None, only: list[str] | None = None, tier: str | None = "small"
+    root: str | Path | None = None,
+    only: list[str] | None = None,
+    tier: str | None = "small",
+    *,
+    seed: int = SEED,
 ) -> list[Task]:
     """(Re)build the catalog task directories of ``tier`` (``None``: both tiers) under
-    ``root`` (default: the shipped data dir); ``only`` picks tasks of that tier by id."""
+    ``root`` (default: the shipped data dir); ``only`` picks tasks of that tier by id.
+
+    ``seed`` draws the row cap and the train/test split; the shipped tasks use :data:`SEED`.
+    Another seed gives another draw of the same task (same table, target, metric and
+    limits), e.g. to measure how much of a ranking of solutions is split noise."""
     root = Path(root) if root is not None else catalog_root()
     catalog = catalog_specs(tier)
     specs = [s for s in catalog if only is None or s.task_id in only]
@@ -714,7 +722,7 @@ def build_catalog(
         )
     tasks = []
     for spec in tqdm(specs, desc="catalog", unit="task"):
-        train, test = _prepare(spec)
+        train, test = _prepare(spec, seed)
         tasks.append(
             write_task(
                 root,
