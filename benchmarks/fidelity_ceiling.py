@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -110,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for name, row in rows.items():
         print(f"{name:24s}", "  ".join(f"{t} {v['spearman_within_task']:.3f}" for t, v in row.items()), flush=True)
     result = {
-        "command": "python -m benchmarks.fidelity_ceiling " + " ".join(argv or []),
+        "command": "python -m benchmarks.fidelity_ceiling " + " ".join(sys.argv[1:] if argv is None else argv),
         "landmarks": list(LANDMARKS[: counts[-1]]),
         "alpha": args.alpha,
         "folds": args.folds,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -150,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     train = [r for r in cat if split[r.task_id] == "train"] + corp
     test = [r for r in cat if split[r.task_id] == "test"]
     result: dict[str, Any] = {
-        "command": "python -m benchmarks.fidelity_transfer " + " ".join(argv or []),
+        "command": "python -m benchmarks.fidelity_transfer " + " ".join(sys.argv[1:] if argv is None else argv),
         "n_catalog_tasks": len(split),
         "n_corpus_tasks": len({r.task_id for r in corp}),
         "n_corpus_records": len(corp),

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -197,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     names = list(rows)
     result = {
-        "command": "python -m benchmarks.split_noise " + " ".join(argv or []),
+        "command": "python -m benchmarks.split_noise " + " ".join(sys.argv[1:] if argv is None else argv),
         "tier": args.tier,
         "seed": args.seed,
         "tasks": sorted({r.task_id for r in subset}),
