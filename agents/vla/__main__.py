@@ -127,21 +127,13 @@ def build_env(
 ) -> Any:
     """A single LIBERO-Long env wrapped as ``stack``: camera views in every observation
     (``env_cameras``), or state-only steps with views rendered on demand."""
-    from wmrl_envs.libero.env import LiberoLongEnv
+    from agents.vla.evaluate import policy_env
     from wmrl_envs.world_models.progress import ProgressOutcomeModel
     from wmrl_envs.world_models.progress_learned import StateProgressModel
     from wmrl_envs.world_models.progress_rollouts import DEFAULT_PROGRESS_MODEL
     from wrappers import build_stack
 
-    env = LiberoLongEnv(
-        task_id=task,
-        cameras=env_cameras,
-        image_size=image_size,
-        record_frames=False,
-        render_mode=None if env_cameras else "rgb_array",
-        object_state=False,
-        max_episode_steps=max_episode_steps,
-    )
+    env = policy_env(task, env_cameras=env_cameras, image_size=image_size, max_episode_steps=max_episode_steps)
     wm = ProgressOutcomeModel(StateProgressModel.load(world_model or DEFAULT_PROGRESS_MODEL), mode=wm_mode)  # type: ignore[arg-type]
     return build_stack(env, stack, wm, anchor_fraction=anchor_fraction, seed=seed, calibration=calibration)
 

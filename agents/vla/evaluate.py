@@ -5,7 +5,8 @@ episodes, ``Best@8`` the share of initial states solved at least once, ``All@8``
 solved every time. Splits: ID = init states 0-15 (GRPO trains there), OOD = 16-49.
 
 Classes: :class:`EvalConfig`, :class:`RandomPolicy`. Functions: :func:`success_metrics`,
-:func:`load_policy`, :func:`evaluate_policy`, :func:`evaluate_tasks`, :func:`markdown_table`.
+:func:`load_policy`, :func:`policy_env`, :func:`evaluate_policy`, :func:`evaluate_tasks`,
+:func:`markdown_table`.
 
 >>> success_metrics({0: [True] * 8, 1: [False, True] + [False] * 6, 2: [False] * 8})
 {'avg': 0.375, 'best_at_k': 0.6667, 'all_at_k': 0.3333, 'init_states': 3, 'episodes': 24}
@@ -26,6 +27,7 @@ __all__ = [
     "EvalConfig",
     "success_metrics",
     "load_policy",
+    "policy_env",
     "evaluate_policy",
     "evaluate_tasks",
     "markdown_table",
@@ -110,6 +112,22 @@ def load_policy(name: str, seed: int = 0) -> Any:
     return MiniVLA.load(name)
 
 
+def policy_env(task: int, *, env_cameras: bool = True, image_size: int = 64, max_episode_steps: int = 520) -> Any:
+    """The LIBERO-Long env a policy acts in: views from the env's camera observations
+    (``env_cameras``, as the demonstrations were recorded) or rendered at decision steps."""
+    from wmrl_envs.libero.env import LiberoLongEnv
+
+    return LiberoLongEnv(
+        task_id=task,
+        cameras=env_cameras,
+        image_size=image_size,
+        record_frames=False,
+        render_mode=None if env_cameras else "rgb_array",
+        object_state=False,
+        max_episode_steps=max_episode_steps,
+    )
+
+
 def evaluate_policy(
     env: Any,
     policy: Any,
@@ -179,19 +197,9 @@ def evaluate_tasks(
     """
     from tqdm.auto import tqdm
 
-    from wmrl_envs.libero.env import LiberoLongEnv
-
     rows: list[dict[str, Any]] = []
     for task in tasks:
-        env = LiberoLongEnv(
-            task_id=task,
-            cameras=env_cameras,
-            image_size=image_size,
-            record_frames=False,
-            render_mode=None if env_cameras else "rgb_array",
-            object_state=False,
-            max_episode_steps=max_episode_steps,
-        )
+        env = policy_env(task, env_cameras=env_cameras, image_size=image_size, max_episode_steps=max_episode_steps)
         try:
             for name in tqdm(policies, desc=f"vla task {task}", disable=not progress):
                 policy = load_policy(name, seed)
