@@ -250,11 +250,14 @@ def test_world_model_size_features_see_dense_one_hot_against_the_memory_limit():
 
 def test_default_world_model_is_fitted_on_both_tiers_train_splits():
     from wmrl_envs.world_models import CodeOutcomeModel
+    from wmrl_envs.world_models.corpus import read_corpus
 
     model = CodeOutcomeModel.load_default()
     tasks = set(model.info["tasks"])
-    assert tasks == set(list_catalog("train", tier=None))
-    assert not tasks & set(list_catalog("test", tier=None))
+    catalog = set(list_catalog("train", tier=None)) | set(list_catalog("test", tier=None))
+    assert tasks & catalog == set(list_catalog("train", tier=None))  # every train-split task, no held-out one
+    assert tasks - catalog == {r.task_id for r in read_corpus()}  # + the log corpus (tables outside the catalog)
+    assert any(k.startswith("meta.landmark_") for k in model.featurizer.meta_keys)
 
 
 def test_fidelity_reports_status_accuracy_on_memory_and_time_failures():

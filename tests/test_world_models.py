@@ -631,6 +631,44 @@ def test_corpus_source_split_seed_draws_other_rows_of_the_same_task(tmp_path):
     assert held_out[0] != held_out[1]
 
 
+def test_landmarks_live_in_grading_contexts_and_fill_old_logs_from_the_shipped_table(tmp_path):
+    from types import SimpleNamespace
+
+    from benchmarks.fidelity_transfer import load_all
+    from wmrl_envs.autoresearch.grading import grading_context
+    from wmrl_envs.autoresearch.tasks import get_task
+    from wmrl_envs.world_models.landmarks import LANDMARK_KEYS, landmark_table, task_landmarks, with_landmarks
+
+    table = landmark_table()
+    meta = grading_context(get_task("penguins"))["meta"]
+    assert {k: meta[k] for k in LANDMARK_KEYS} == dict(table["penguins"])  # live == shipped, same function
+    assert max(meta[k] for k in LANDMARK_KEYS[:-1]) == 0.0 and meta["landmark_gain"] > 0  # gaps to the best learner
+    cat, corp = load_all()
+    assert {r.task_id for r in cat + corp} <= set(table)  # every logged task has its landmarks
+    old = next(r for r in cat if r.task_id == "penguins")
+    assert "landmark_gain" not in old.context["meta"]
+    (filled,) = with_landmarks([old])
+    assert filled.context["meta"]["landmark_gain"] == table["penguins"]["landmark_gain"]
+    assert filled.context["meta"]["n_train"] == old.context["meta"]["n_train"]
+    unknown = LogRecord("not_logged", "x = 1", {"meta": {"n_train": 5}}, None)
+    assert with_landmarks([unknown]) == [unknown]  # unknown stays unknown, never zeros
+    with pytest.warns(UserWarning, match="no landmark features"):
+        broken = SimpleNamespace(task_id="t", root=tmp_path, target="y", task_type="binary", id_column="id")
+        assert task_landmarks(broken) == {}
+
+
+def test_a_model_fitted_with_landmarks_conditions_on_them():
+    from benchmarks.fidelity_transfer import load_all
+    from wmrl_envs.world_models.landmarks import LANDMARK_KEYS, with_landmarks
+
+    cat, _ = load_all(corpus=False)
+    records = [r for r in cat if r.task_id in {"penguins", "wage", "titanic", "boston", "glass", "oj"}]
+    model = CodeOutcomeModel(CodeOutcomeConfig(max_iter=20, keep_training_data=False)).fit(with_landmarks(records))
+    assert {f"meta.{k}" for k in LANDMARK_KEYS} <= set(model.featurizer.meta_keys)
+    plain = CodeOutcomeModel(CodeOutcomeConfig(max_iter=20, keep_training_data=False)).fit(records)
+    assert not any("landmark" in k for k in plain.featurizer.meta_keys)
+
+
 def test_shipped_corpus_logs_are_real_pool_runs():
     from wmrl_envs.world_models.corpus import corpus_root, read_corpus
 

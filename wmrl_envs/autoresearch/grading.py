@@ -421,17 +421,22 @@ def grading_context(
     max_overview_chars: int = 2500,
     limits: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The public context of a grading request (what a world model may condition on).
+    """The public context of a grading request (what a world model may condition on): the
+    task's overview, meta-features and landmarks (:mod:`wmrl_envs.world_models.landmarks`),
+    the run's limits, the turn and the history.
 
     ``limits``: the run's ``{"wall_seconds", "memory_bytes"}`` (default: the task's own,
     :meth:`~wmrl_envs.autoresearch.tasks.Task.run_limits`).
     """
+    from wmrl_envs.world_models.landmarks import task_landmarks
+
     lim = task.run_limits()
     lim.update(limits or {})
     return {
         "task_id": task.task_id,
         "overview": task.overview(max_overview_chars),
-        "meta": task.meta_features(),
+        # Landmarks read the public training table only, once per task (cached).
+        "meta": {**task.meta_features(), **task_landmarks(task)},
         "limits": {"wall_seconds": float(lim["wall_seconds"]), "memory_bytes": int(lim["memory_bytes"])},
         "turn": int(turn),
         "history": list(history),

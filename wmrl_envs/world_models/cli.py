@@ -4,7 +4,7 @@
 
     wmrl-wm fit --logs a.jsonl b.jsonl.gz --out model_dir [--split train] [--tier small|full] [--max-iter 200]
                 [--extra-logs corpus/*.jsonl.gz] [--transfer-features] [--percentile-head regressor|ranker|both]
-                [--n-ensemble 5]
+                [--n-ensemble 5] [--landmarks]
     wmrl-wm fidelity --model model_dir|default --logs held_out.jsonl [--split test] [--tier small|full] [--markdown out.md]
     wmrl-wm update --model model_dir --logs anchors.jsonl --out model_dir2
     nice -n 19 wmrl-wm grow-corpus [--budget-minutes 60] [--max-tasks N] [--out DIR]
@@ -13,7 +13,10 @@
 ``context["split"]`` when present, else the AutoResearch catalog's split of its task.
 ``--tier`` keeps only records whose task belongs to that catalog tier (``small``: the
 2,500-row catalog, ``full``: the full-size tables); both tiers when absent.
-``python -m wmrl_envs.world_models.cli`` is the same command.
+``--landmarks`` fills the landmark meta-features (:mod:`wmrl_envs.world_models.landmarks`) of
+logged tasks into records written before grading contexts carried them, so the model learns
+from them; ``fidelity`` and ``update`` always fill them (a model fitted without them ignores
+them). ``python -m wmrl_envs.world_models.cli`` is the same command.
 
 Functions: :func:`main`.
 """
@@ -29,6 +32,7 @@ from pathlib import Path
 from wmrl_envs.config_cli import run_cli
 from wmrl_envs.world_models.code_outcome import CodeOutcomeConfig, CodeOutcomeModel
 from wmrl_envs.world_models.fidelity import evaluate_fidelity
+from wmrl_envs.world_models.landmarks import with_landmarks
 from wmrl_envs.world_models.logs import LogRecord, read_logs
 
 __all__ = ["main"]
@@ -100,6 +104,9 @@ def _command(argv: Sequence[str] | None = None) -> int:
     fit.add_argument("--percentile-head", choices=("regressor", "ranker", "both"), default="regressor")
     fit.add_argument("--n-ensemble", type=int, default=1, help="task-bootstrap members of the percentile head")
     fit.add_argument("--rank-rounds", type=int, default=CodeOutcomeConfig.rank_rounds)
+    fit.add_argument(
+        "--landmarks", action="store_true", help="fill logged tasks' landmark meta-features into old records"
+    )
     fid = sub.add_parser("fidelity", help="fidelity report of a model on held-out logs")
     fid.add_argument("--model", required=True, help="model directory, or 'default' for the shipped model")
     fid.add_argument("--logs", nargs="+", required=True)
@@ -126,6 +133,7 @@ def _command(argv: Sequence[str] | None = None) -> int:
     if args.command == "fit":
         records = _select(read_logs(args.logs), args.split, args.tier)
         records += read_logs(args.extra_logs) if args.extra_logs else []
+        records = with_landmarks(records) if args.landmarks else records
         config = CodeOutcomeConfig(
             n_hash=args.n_hash, max_iter=args.max_iter, learning_rate=args.learning_rate,
             max_leaf_nodes=args.max_leaf_nodes, min_samples_leaf=args.min_samples_leaf,
@@ -145,7 +153,7 @@ def _command(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(model.info["status_counts"]))
     elif args.command == "fidelity":
         model = _load_model(args.model)
-        records = _select(read_logs(args.logs), args.split, args.tier)
+        records = with_landmarks(_select(read_logs(args.logs), args.split, args.tier))
         name = args.name or f"CodeOutcomeModel ({args.model})"
         report = evaluate_fidelity(
             model, records, calibration_fraction=args.calibration_fraction, seed=args.seed, name=name, progress=True
@@ -165,7 +173,7 @@ def _command(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
         print(f"corpus: {len(state['done'])} tasks logged, {len(state['skipped'])} sources skipped")
     else:
-        model = _load_model(args.model).update(read_logs(args.logs))
+        model = _load_model(args.model).update(with_landmarks(read_logs(args.logs)))
         print(f"refitted on {model.info['n_used']} records; saved to {model.save(args.out)}")
     return 0
 
