@@ -37,7 +37,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from benchmarks.fidelity_transfer import VARIANTS, _by_tier, _fit, load_all
-from wmrl_envs.world_models.landmarks import LANDMARK_TABLE, landmarks, with_landmarks
+from wmrl_envs.world_models.landmarks import LANDMARK_TABLE, task_landmarks, with_landmarks
 from wmrl_envs.world_models.transfer import leave_tasks_out
 
 __all__ = ["main"]
@@ -77,8 +77,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for tid, task in tqdm(tasks.items(), desc="landmarks", unit="task"):
             if task is None:
                 continue
-            drop = [task.id_column] if task.id_column else []
-            table[tid] = landmarks(task.read_train(), task.target, task.task_type, drop=drop)
+            lm = task_landmarks(task)  # the same path as live grading contexts
+            if not lm:
+                continue
+            table[tid] = lm
             cache.parent.mkdir(parents=True, exist_ok=True)
             cache.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     landmark_seconds = time.time() - started

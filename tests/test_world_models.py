@@ -632,6 +632,7 @@ def test_corpus_source_split_seed_draws_other_rows_of_the_same_task(tmp_path):
 
 
 def test_landmarks_live_in_grading_contexts_and_fill_old_logs_from_the_shipped_table(tmp_path):
+    import warnings
     from types import SimpleNamespace
 
     from benchmarks.fidelity_transfer import load_all
@@ -652,8 +653,11 @@ def test_landmarks_live_in_grading_contexts_and_fill_old_logs_from_the_shipped_t
     assert filled.context["meta"]["n_train"] == old.context["meta"]["n_train"]
     unknown = LogRecord("not_logged", "x = 1", {"meta": {"n_train": 5}}, None)
     assert with_landmarks([unknown]) == [unknown]  # unknown stays unknown, never zeros
+    broken = SimpleNamespace(task_id="t", root=tmp_path, target="y", task_type="binary", id_column="id")
     with pytest.warns(UserWarning, match="no landmark features"):
-        broken = SimpleNamespace(task_id="t", root=tmp_path, target="y", task_type="binary", id_column="id")
+        assert task_landmarks(broken) == {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the failure is cached: no recomputation, no second warning
         assert task_landmarks(broken) == {}
 
 

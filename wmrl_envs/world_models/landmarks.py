@@ -116,19 +116,20 @@ def landmarks(
 
 
 @functools.lru_cache(maxsize=512)
-def _cached(root: Path, target: str, task_type: str, id_column: str) -> tuple[tuple[str, float], ...]:
-    train = pd.read_csv(root / "public" / "train.csv", low_memory=False)  # as Task.read_train
-    return tuple(landmarks(train, target, task_type, drop=[id_column] if id_column else []).items())
+def _cached(task_id: str, root: Path, target: str, task_type: str, id_column: str) -> tuple[tuple[str, float], ...]:
+    # A failure is cached too (as no landmarks, warned once): grading a task calls this per request.
+    try:
+        train = pd.read_csv(root / "public" / "train.csv", low_memory=False)  # as Task.read_train
+        return tuple(landmarks(train, target, task_type, drop=[id_column] if id_column else []).items())
+    except (ValueError, TypeError, KeyError, OSError) as e:
+        warnings.warn(f"task {task_id!r}: no landmark features ({type(e).__name__}: {e})", stacklevel=3)
+        return ()
 
 
 def task_landmarks(task: Any) -> dict[str, float]:
     """:func:`landmarks` of a task's public training table, computed once per task directory;
     ``{}`` (unknown, never zeros) where the table defeats them, with a warning: grading goes on."""
-    try:
-        return dict(_cached(Path(task.root), task.target, task.task_type, task.id_column or ""))
-    except (ValueError, TypeError, KeyError, OSError) as e:
-        warnings.warn(f"task {task.task_id!r}: no landmark features ({type(e).__name__}: {e})", stacklevel=2)
-        return {}
+    return dict(_cached(task.task_id, Path(task.root), task.target, task.task_type, task.id_column or ""))
 
 
 @functools.lru_cache(maxsize=1)
