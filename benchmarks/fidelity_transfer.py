@@ -4,7 +4,7 @@ catalog split, a learning curve over the number of training tasks, and confidenc
 ::
 
     nice -n 19 python -m benchmarks.fidelity_transfer --out docs/results [--variants base,transfer]
-        [--folds 5] [--curve-sizes 4,8,16,32,64] [--repeats 2] [--no-corpus]
+        [--folds 5] [--curve-sizes 4,8,16,32,64] [--repeats 2] [--no-corpus] [--landmarks]
 
 Data: the catalog's pool logs (27 small + 9 full-size tasks) and the grown corpus
 (:mod:`wmrl_envs.world_models.corpus`). Every number is by task, never by row:
@@ -23,7 +23,10 @@ Data: the catalog's pool logs (27 small + 9 full-size tasks) and the grown corpu
    (random vs low-confidence anchor groups as calibration pairs).
 
 Variants (:data:`VARIANTS`) are :class:`~wmrl_envs.world_models.CodeOutcomeConfig`
-settings. Writes ``fidelity_transfer.json`` and the plot into ``--out``.
+settings. ``--landmarks``: every record carries its task's landmarks
+(:mod:`wmrl_envs.world_models.landmarks`), as the shipped default is fitted. Writes
+``fidelity_transfer.json`` and the plot (``fidelity_transfer_landmarks.json`` and
+``fidelity_transfer_curve_landmarks.png`` with ``--landmarks``) into ``--out``.
 
 Functions: :func:`main`, :func:`load_all`. Constants: :data:`VARIANTS`.
 """
@@ -42,6 +45,7 @@ import numpy as np
 
 from benchmarks.common import new_figure, save_figure
 from wmrl_envs.world_models.code_outcome import CodeOutcomeConfig, CodeOutcomeModel
+from wmrl_envs.world_models.landmarks import with_landmarks
 from wmrl_envs.world_models.logs import LogRecord, read_logs
 from wmrl_envs.world_models.transfer import (
     anchor_preference_simulation,
@@ -141,12 +145,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--no-corpus", action="store_true")
     p.add_argument("--skip", default="", help="comma list of parts to skip: cv,split,curve")
+    p.add_argument("--landmarks", action="store_true", help="records carry their task's landmarks")
     args = p.parse_args(argv)
+    stem = "fidelity_transfer_landmarks" if args.landmarks else "fidelity_transfer"
     skip = set(filter(None, args.skip.split(",")))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     cat, corp = load_all(not args.no_corpus)
+    if args.landmarks:
+        cat, corp = with_landmarks(cat), with_landmarks(corp)
     split = _split(cat)
     train = [r for r in cat if split[r.task_id] == "train"] + corp
     test = [r for r in cat if split[r.task_id] == "test"]
@@ -188,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 ),
                 flush=True,
             )
-    _save(out, result)
+    _save(out / f"{stem}.json", result)
     if "cv" not in skip:
         result["leave_datasets_out"] = {}
         everything = cat + corp
@@ -211,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 ),
                 flush=True,
             )
-    _save(out, result)
+    _save(out / f"{stem}.json", result)
     if "curve" not in skip:
         sizes = [int(x) for x in args.curve_sizes.split(",")]
         n_train_tasks = len({r.task_id for r in train})
@@ -221,17 +229,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         result["curve_plot"] = str(
             _plot(
                 result["learning_curve"],
-                out / "fidelity_transfer_curve.png",
+                out / f"{stem.replace('fidelity_transfer', 'fidelity_transfer_curve')}.png",
                 len({r.task_id for r in cat if split[r.task_id] == "train"}),
             )
         )
     result["total_seconds"] = time.time() - started
-    _save(out, result)
+    _save(out / f"{stem}.json", result)
     return result
 
 
-def _save(out: Path, result: Mapping[str, Any]) -> None:
-    (out / "fidelity_transfer.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+def _save(path: Path, result: Mapping[str, Any]) -> None:
+    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
 
 
 def _curve_by_tier(  # learning_curve's protocol, with the metrics split by tier

@@ -638,11 +638,18 @@ def test_landmarks_live_in_grading_contexts_and_fill_old_logs_from_the_shipped_t
     from benchmarks.fidelity_transfer import load_all
     from wmrl_envs.autoresearch.grading import grading_context
     from wmrl_envs.autoresearch.tasks import get_task
-    from wmrl_envs.world_models.landmarks import LANDMARK_KEYS, landmark_table, task_landmarks, with_landmarks
+    from wmrl_envs.world_models.landmarks import (
+        LANDMARK_KEYS,
+        METRIC_LANDMARK_KEYS,
+        landmark_table,
+        task_landmarks,
+        with_landmarks,
+    )
 
     table = landmark_table()
     meta = grading_context(get_task("penguins"))["meta"]
-    assert {k: meta[k] for k in LANDMARK_KEYS} == dict(table["penguins"])  # live == shipped, same function
+    assert {k: v for k, v in meta.items() if k.startswith("landmark_")} == dict(table["penguins"])  # live == shipped
+    assert set(table["penguins"]) == {*LANDMARK_KEYS, *METRIC_LANDMARK_KEYS}  # a classification table: every learner
     assert max(meta[k] for k in LANDMARK_KEYS[:-1]) == 0.0 and meta["landmark_gain"] > 0  # gaps to the best learner
     cat, corp = load_all()
     assert {r.task_id for r in cat + corp} <= set(table)  # every logged task has its landmarks
@@ -653,7 +660,9 @@ def test_landmarks_live_in_grading_contexts_and_fill_old_logs_from_the_shipped_t
     assert filled.context["meta"]["n_train"] == old.context["meta"]["n_train"]
     unknown = LogRecord("not_logged", "x = 1", {"meta": {"n_train": 5}}, None)
     assert with_landmarks([unknown]) == [unknown]  # unknown stays unknown, never zeros
-    broken = SimpleNamespace(task_id="t", root=tmp_path, target="y", task_type="binary", id_column="id")
+    broken = SimpleNamespace(
+        task_id="t", root=tmp_path, target="y", task_type="binary", id_column="id", metric="accuracy", classes=None
+    )
     with pytest.warns(UserWarning, match="no landmark features"):
         assert task_landmarks(broken) == {}
     with warnings.catch_warnings():
@@ -671,6 +680,39 @@ def test_a_model_fitted_with_landmarks_conditions_on_them():
     assert {f"meta.{k}" for k in LANDMARK_KEYS} <= set(model.featurizer.meta_keys)
     plain = CodeOutcomeModel(CodeOutcomeConfig(max_iter=20, keep_training_data=False)).fit(records)
     assert not any("landmark" in k for k in plain.featurizer.meta_keys)
+    own = model.featurizer.feature_names().index("landmark:own_max")
+    X = model.featurizer.transform([r.context for r in with_landmarks(records)], [r.code for r in records])
+    assert np.isfinite(X[:, own]).mean() > 0.8  # most pool scripts build an estimator with a landmark
+    assert np.isnan(plain.featurizer.transform([r.context for r in records], [r.code for r in records])[:, own]).all()
+
+
+def test_metric_landmarks_score_the_tasks_own_metric_and_map_onto_the_scripts_estimators():
+    import pandas as pd
+
+    from wmrl_envs.world_models.features import _own_learner, landmark_features, summarize_script
+    from wmrl_envs.world_models.landmarks import METRIC_LEARNERS, landmarks
+
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"a": rng.normal(size=400), "b": rng.normal(size=400)})
+    df["y"] = np.where(df["a"] + 0.3 * rng.normal(size=400) > 0, "yes", "no")
+    lm = landmarks(df, "y", "binary", metric="log_loss", classes=["no", "yes"])
+    # Log loss punishes an unlimited tree's hard 0/1 probabilities; accuracy does not.
+    assert lm["landmark_metric_deeptree"] < 0 < lm["landmark_metric_linear"]
+    assert lm["landmark_metric_deeptree"] < lm["landmark_metric_tree4"]
+    assert max(lm[f"landmark_metric_{n}"] for n in METRIC_LEARNERS) == 1.0
+    # rmsle of a negative target is undefined: the metric block is unknown, the gap block is there.
+    neg = pd.DataFrame({"a": rng.normal(size=200)}).assign(y=lambda d: d["a"] - 5)
+    lm = landmarks(neg, "y", "regression", metric="rmsle")
+    assert "landmark_gain" in lm and not any(k.startswith("landmark_metric_") for k in lm)
+    families = ["linear", "tree", "forest", "boosting", "knn", "neural", "naive_bayes", "discriminant", "meta"]
+    assert {_own_learner(f, {}) for f in families} <= set(METRIC_LEARNERS)
+    ctx = {"meta.landmark_metric_tree4": 0.7, "meta.landmark_metric_deeptree": -0.3}
+    deep = summarize_script("from sklearn.tree import DecisionTreeClassifier\nm = DecisionTreeClassifier()")
+    assert landmark_features(ctx, deep) == [-0.3, -0.3]  # sklearn's default depth is unlimited
+    both = summarize_script("from sklearn.dummy import DummyClassifier\nfrom sklearn.tree import DecisionTreeClassifier\n"
+                            "a = DummyClassifier()\nb = DecisionTreeClassifier(max_depth=4)")  # fmt: skip
+    assert landmark_features(ctx, both) == [0.7, 0.0]  # a dummy is the constant predictor
+    assert np.isnan(landmark_features({}, deep)).all()  # no landmarks: unknown
 
 
 def test_shipped_corpus_logs_are_real_pool_runs():

@@ -94,6 +94,10 @@ class CodeOutcomeConfig:
         transfer_features: give the featurizer the task-relative block
             (:data:`~wmrl_envs.world_models.features.TRANSFER_FEATURES`) and drop the
             ``origin`` token (default False; models saved before it existed load with False).
+        landmark_features: give the featurizer
+            :data:`~wmrl_envs.world_models.features.LANDMARK_FEATURES`: where the script's own
+            estimators land among the task's metric landmarks (default True; NaN without
+            landmarks in the context; models saved before it existed load with False).
         percentile_head: what predicts a valid run's leaderboard percentile: ``"regressor"``
             (boosted trees on the percentile, default), ``"ranker"`` (a
             :class:`~wmrl_envs.world_models.ranker.PairwiseBoostedRanker` fitted for the
@@ -123,6 +127,7 @@ class CodeOutcomeConfig:
     n_threads: int | None = 1
     size_features: bool = True
     transfer_features: bool = False
+    landmark_features: bool = True
     percentile_head: Literal["regressor", "ranker", "both"] = "regressor"
     rank_rounds: int = 150
     n_ensemble: int = 1
@@ -178,7 +183,12 @@ class CodeOutcomeModel:
 
     def _new_featurizer(self) -> ScriptFeaturizer:
         c = self.config
-        return ScriptFeaturizer(n_hash=c.n_hash, size_features=c.size_features, transfer_features=c.transfer_features)
+        return ScriptFeaturizer(
+            n_hash=c.n_hash,
+            size_features=c.size_features,
+            transfer_features=c.transfer_features,
+            landmark_features=c.landmark_features,
+        )
 
     # ------------------------------------------------------------------ fitting
     @property
@@ -445,8 +455,9 @@ class CodeOutcomeModel:
                 f"{file} was fitted with scikit-learn {d['sklearn_version']}, running {sklearn.__version__}; refit if predictions look off",
                 stacklevel=2,
             )
-        # saved before size / transfer features: without them
-        model = cls(CodeOutcomeConfig(**{"size_features": False, "transfer_features": False, **d["config"]}))
+        # saved before size / transfer / landmark features: without them
+        old = {"size_features": False, "transfer_features": False, "landmark_features": False}
+        model = cls(CodeOutcomeConfig(**{**old, **d["config"]}))
         model.featurizer = ScriptFeaturizer.from_state_dict(d["featurizer"])
         model.classes_ = list(d["classes"])
         model._classifier, model._regressor = d["classifier"], d["regressor"]

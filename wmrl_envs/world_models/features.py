@@ -60,6 +60,8 @@ __all__ = [
     "DENSE_ONEHOT_COPIES",
     "TRANSFER_FEATURES",
     "transfer_features",
+    "LANDMARK_FEATURES",
+    "landmark_features",
 ]
 
 ESTIMATOR_FAMILIES: Mapping[str, frozenset[str]] = {
@@ -156,6 +158,9 @@ TRANSFER_FEATURES = (
     "fit:subsample", "fit:uses_proba", "fit:proba_metric_without_proba", "fit:log10_ensemble_work",
     "fit:log10_work_per_wall_second",
 )  # fmt: skip
+#: Where a script's own estimators land among the task's metric landmarks
+#: (:func:`landmark_features`): the best and the worst of them.
+LANDMARK_FEATURES = ("landmark:own_max", "landmark:own_min")
 _PROBA_METRICS = frozenset({"roc_auc", "log_loss"})
 _LABEL_METRICS = frozenset({"accuracy", "macro_f1"})
 
@@ -464,6 +469,42 @@ def transfer_features(flat: Mapping[str, Any], summary: ScriptSummary) -> list[f
     ]  # fmt: skip
 
 
+def _own_learner(family: str, hp: Mapping[str, float]) -> str | None:
+    """The landmark learner (:data:`~wmrl_envs.world_models.landmarks.METRIC_LEARNERS`)
+    that stands for an estimator family, by the hyperparameter that changes its kind."""
+    if family == "tree":  # sklearn's default depth is unlimited
+        return "tree4" if hp.get("max_depth", math.inf) <= 6 else "deeptree"
+    if family == "knn":  # sklearn's default is 5 neighbours
+        return "knn3" if hp.get("n_neighbors", 5) < 8 else "knn15"
+    return {
+        "linear": "linear", "discriminant": "linear", "forest": "forest", "meta": "forest",
+        "boosting": "boosting", "neural": "mlp", "naive_bayes": "naive_bayes",
+    }.get(family)  # fmt: skip
+
+
+def landmark_features(flat: Mapping[str, Any], summary: ScriptSummary) -> list[float]:
+    """:data:`LANDMARK_FEATURES`: the metric landmarks (``landmark_metric_<learner>`` in the
+    context, 0 = a constant predictor, 1 = the best learner) of the learners that stand for
+    the script's estimators -- a depth-4 or an unlimited tree, 3 or 15 neighbours by the
+    script's own hyperparameters; a dummy estimator is the constant, 0. NaN where the script
+    builds none of them or the context has no landmarks: this is how the table tells the
+    model which *kind* of solution it rewards.
+
+    >>> s = summarize_script("from sklearn.tree import DecisionTreeRegressor\\nDecisionTreeRegressor(max_depth=3)")
+    >>> landmark_features({"meta.landmark_metric_tree4": 0.4, "meta.landmark_metric_deeptree": -0.2}, s)
+    [0.4, 0.4]
+    """
+    values = []
+    for family in summary.families:
+        if family == "dummy":
+            values.append(0.0)
+        elif (learner := _own_learner(family, summary.hyperparameters)) is not None:
+            v = next((x for k, x in flat.items() if _leaf(k) == f"landmark_metric_{learner}"), None)
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                values.append(float(v))
+    return [max(values), min(values)] if values else [math.nan, math.nan]
+
+
 class ScriptFeaturizer:
     """Turns (context, script) pairs into a dense float matrix; NaN marks "not present".
 
@@ -475,6 +516,8 @@ class ScriptFeaturizer:
             their models keep working unchanged.
         transfer_features: add :data:`TRANSFER_FEATURES` and leave out the ``origin``
             token (default False; featurizers saved before it existed load with False).
+        landmark_features: add :data:`LANDMARK_FEATURES` (default True; featurizers saved
+            before they existed load with False).
 
     >>> f = ScriptFeaturizer(n_hash=32).fit([{"n_train": 100}], ["print(1)"])
     >>> f.transform([{"n_train": 50}], ["import pandas as pd"]).shape == (1, f.n_features)
@@ -482,7 +525,12 @@ class ScriptFeaturizer:
     """
 
     def __init__(
-        self, n_hash: int = 256, max_meta_keys: int = 64, size_features: bool = True, transfer_features: bool = False
+        self,
+        n_hash: int = 256,
+        max_meta_keys: int = 64,
+        size_features: bool = True,
+        transfer_features: bool = False,
+        landmark_features: bool = True,
     ) -> None:
         if n_hash < 1:
             raise ValueError(f"n_hash must be >= 1, got {n_hash}")
@@ -490,6 +538,7 @@ class ScriptFeaturizer:
         self.max_meta_keys = max_meta_keys
         self.size_features = bool(size_features)
         self.transfer_features = bool(transfer_features)
+        self.landmark_features = bool(landmark_features)
         self.meta_keys: list[str] = []
 
     def fit(self, contexts: Sequence[Mapping[str, Any]], codes: Sequence[str]) -> ScriptFeaturizer:
@@ -513,6 +562,7 @@ class ScriptFeaturizer:
             + len(HYPERPARAMETERS)
             + len(SIZE_FEATURES) * self.size_features
             + len(TRANSFER_FEATURES) * self.transfer_features
+            + len(LANDMARK_FEATURES) * self.landmark_features
             + len(self.meta_keys)
             + self.n_hash
         )
@@ -525,6 +575,7 @@ class ScriptFeaturizer:
             + [f"hp:{h}" for h in HYPERPARAMETERS]
             + (list(SIZE_FEATURES) if self.size_features else [])
             + (list(TRANSFER_FEATURES) if self.transfer_features else [])
+            + (list(LANDMARK_FEATURES) if self.landmark_features else [])
             + [f"ctx:{k}" for k in self.meta_keys]
             + [f"hash:{i}" for i in range(self.n_hash)]
         )
@@ -555,6 +606,8 @@ class ScriptFeaturizer:
             row += size
             if self.transfer_features:
                 row += transfer_features(flat, s)
+            if self.landmark_features:
+                row += landmark_features(flat, s)
             for k in self.meta_keys:
                 meta = flat.get(k)
                 row.append(float(meta) if isinstance(meta, (int, float)) else math.nan)
@@ -579,6 +632,7 @@ class ScriptFeaturizer:
             "meta_keys": list(self.meta_keys),
             "size_features": self.size_features,
             "transfer_features": self.transfer_features,
+            "landmark_features": self.landmark_features,
         }
 
     @classmethod
@@ -588,6 +642,7 @@ class ScriptFeaturizer:
             max_meta_keys=int(d["max_meta_keys"]),
             size_features=bool(d.get("size_features", False)),
             transfer_features=bool(d.get("transfer_features", False)),
+            landmark_features=bool(d.get("landmark_features", False)),
         )
         f.meta_keys = list(d["meta_keys"])
         return f
