@@ -706,13 +706,14 @@ def test_metric_landmarks_score_the_tasks_own_metric_and_map_onto_the_scripts_es
     assert "landmark_gain" in lm and not any(k.startswith("landmark_metric_") for k in lm)
     families = ["linear", "tree", "forest", "boosting", "knn", "neural", "naive_bayes", "discriminant", "meta"]
     assert {_own_learner(f, {}) for f in families} <= set(METRIC_LEARNERS)
-    ctx = {"meta.landmark_metric_tree4": 0.7, "meta.landmark_metric_deeptree": -0.3}
+    ctx = {"meta.landmark_metric_tree4": 0.7, "meta.landmark_metric_deeptree": -0.3, "meta.landmark_metric_skill": 0.2}
     deep = summarize_script("from sklearn.tree import DecisionTreeClassifier\nm = DecisionTreeClassifier()")
     assert landmark_features(ctx, deep) == [-0.3, -0.3]  # sklearn's default depth is unlimited
     both = summarize_script("from sklearn.dummy import DummyClassifier\nfrom sklearn.tree import DecisionTreeClassifier\n"
                             "a = DummyClassifier()\nb = DecisionTreeClassifier(max_depth=4)")  # fmt: skip
     assert landmark_features(ctx, both) == [0.7, 0.0]  # a dummy is the constant predictor
-    assert np.isnan(landmark_features({}, deep)).all()  # no landmarks: unknown
+    dummy = summarize_script("from sklearn.dummy import DummyClassifier\nm = DummyClassifier()")
+    assert np.isnan(landmark_features({}, deep)).all() and np.isnan(landmark_features({}, dummy)).all()  # unknown
 
 
 def test_shipped_corpus_logs_are_real_pool_runs():

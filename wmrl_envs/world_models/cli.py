@@ -101,6 +101,11 @@ def _command(argv: Sequence[str] | None = None) -> int:
     )
     fit.add_argument("--no-size-features", action="store_true", help="leave out the size-vs-limit features (ablation)")
     fit.add_argument("--transfer-features", action="store_true", help="add the task-relative transfer features")
+    fit.add_argument(
+        "--no-landmark-features",
+        action="store_true",
+        help="leave out the own-estimator landmark features (ablation; see --landmarks for the task's landmarks)",
+    )
     fit.add_argument("--percentile-head", choices=("regressor", "ranker", "both"), default="regressor")
     fit.add_argument("--n-ensemble", type=int, default=1, help="task-bootstrap members of the percentile head")
     fit.add_argument("--rank-rounds", type=int, default=CodeOutcomeConfig.rank_rounds)
@@ -139,7 +144,8 @@ def _command(argv: Sequence[str] | None = None) -> int:
             max_leaf_nodes=args.max_leaf_nodes, min_samples_leaf=args.min_samples_leaf,
             l2_regularization=args.l2_regularization, anchor_weight=args.anchor_weight,
             keep_training_data=not args.no_training_data, seed=args.seed, size_features=not args.no_size_features,
-            transfer_features=args.transfer_features, percentile_head=args.percentile_head,
+            transfer_features=args.transfer_features, landmark_features=not args.no_landmark_features,
+            percentile_head=args.percentile_head,
             n_ensemble=args.n_ensemble, rank_rounds=args.rank_rounds,
         )  # fmt: skip
         model = CodeOutcomeModel(config).fit(records)

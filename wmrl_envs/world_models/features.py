@@ -491,9 +491,12 @@ def landmark_features(flat: Mapping[str, Any], summary: ScriptSummary) -> list[f
     model which *kind* of solution it rewards.
 
     >>> s = summarize_script("from sklearn.tree import DecisionTreeRegressor\\nDecisionTreeRegressor(max_depth=3)")
-    >>> landmark_features({"meta.landmark_metric_tree4": 0.4, "meta.landmark_metric_deeptree": -0.2}, s)
+    >>> ctx = {"meta.landmark_metric_tree4": 0.4, "meta.landmark_metric_deeptree": -0.2, "meta.landmark_metric_skill": 0.3}
+    >>> landmark_features(ctx, s)
     [0.4, 0.4]
     """
+    if not any(_leaf(k) == "landmark_metric_skill" for k in flat):
+        return [math.nan, math.nan]  # no metric landmarks: even a dummy's place is unknown
     values = []
     for family in summary.families:
         if family == "dummy":
