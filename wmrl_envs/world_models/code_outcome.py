@@ -61,8 +61,8 @@ __all__ = [
 #: Where the fitted default model ships (package data).
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
 #: An optional shipped model with transfer features and a 5-member task-bootstrap ensemble
-#: (fitted on the catalog train split + the log corpus; its spread feeds ``metrics["confidence"]``).
-#: Not the default: on the default's own held-out measure it is not better on the full tier
+#: (fitted on the same data as the default; its spread feeds ``metrics["confidence"]``). Not
+#: the default: its ranking is level with the default's within noise at 1.5x the fit cost
 #: (see its README). Load with ``CodeOutcomeModel.load(TRANSFER_MODEL_DIR)``.
 TRANSFER_MODEL_DIR = Path(__file__).parent / "transfer_model"
 _FORMAT_VERSION = 1
