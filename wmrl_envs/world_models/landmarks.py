@@ -107,30 +107,31 @@ def _learners(regression: bool, seed: int) -> dict[str, Any]:
     def scaled(est: Any) -> Any:
         return make_pipeline(StandardScaler(), est)
 
-    if regression:
-        return {
-            "constant": DummyRegressor(),
-            "linear": scaled(Ridge()),
-            "tree4": DecisionTreeRegressor(max_depth=4, random_state=seed),
-            "knn15": scaled(KNeighborsRegressor(15)),
-            "forest": RandomForestRegressor(50, max_depth=8, random_state=seed, n_jobs=1),
-            "deeptree": DecisionTreeRegressor(random_state=seed),
-            "knn3": scaled(KNeighborsRegressor(3)),
-            "boosting": HistGradientBoostingRegressor(max_iter=100, random_state=seed),
-            "mlp": scaled(MLPRegressor((64,), max_iter=200, random_state=seed)),
-        }
-    return {
-        "constant": DummyClassifier(),
-        "linear": scaled(LogisticRegression(max_iter=300)),
-        "tree4": DecisionTreeClassifier(max_depth=4, random_state=seed),
-        "knn15": scaled(KNeighborsClassifier(15)),
-        "forest": RandomForestClassifier(50, max_depth=8, random_state=seed, n_jobs=1),
-        "deeptree": DecisionTreeClassifier(random_state=seed),
-        "knn3": scaled(KNeighborsClassifier(3)),
-        "boosting": HistGradientBoostingClassifier(max_iter=100, random_state=seed),
-        "mlp": scaled(MLPClassifier((64,), max_iter=200, random_state=seed)),
-        "naive_bayes": GaussianNB(),
+    pairs = {  # learner: (regressor, classifier); None: not on that kind of table
+        "constant": (DummyRegressor(), DummyClassifier()),
+        "linear": (scaled(Ridge()), scaled(LogisticRegression(max_iter=300))),
+        "tree4": (
+            DecisionTreeRegressor(max_depth=4, random_state=seed),
+            DecisionTreeClassifier(max_depth=4, random_state=seed),
+        ),
+        "knn15": (scaled(KNeighborsRegressor(15)), scaled(KNeighborsClassifier(15))),
+        "forest": (
+            RandomForestRegressor(50, max_depth=8, random_state=seed, n_jobs=1),
+            RandomForestClassifier(50, max_depth=8, random_state=seed, n_jobs=1),
+        ),
+        "deeptree": (DecisionTreeRegressor(random_state=seed), DecisionTreeClassifier(random_state=seed)),
+        "knn3": (scaled(KNeighborsRegressor(3)), scaled(KNeighborsClassifier(3))),
+        "boosting": (
+            HistGradientBoostingRegressor(max_iter=100, random_state=seed),
+            HistGradientBoostingClassifier(max_iter=100, random_state=seed),
+        ),
+        "mlp": (
+            scaled(MLPRegressor((64,), max_iter=200, random_state=seed)),
+            scaled(MLPClassifier((64,), max_iter=200, random_state=seed)),
+        ),
+        "naive_bayes": (None, GaussianNB()),
     }
+    return {n: est for n, (reg, cls) in pairs.items() if (est := reg if regression else cls) is not None}
 
 
 def landmarks(
