@@ -420,6 +420,13 @@ def test_cli_fit_fidelity_update(tmp_path, split, capsys):
     )
     out = capsys.readouterr().out
     assert "| status accuracy |" in out and json.loads((tmp_path / "f.json").read_text())["n_records"] == len(test)
+    args = ["fidelity", "--model", str(tmp_path / "m"), "--logs", str(tmp_path / "test.jsonl"), "--halves", "3"]
+    assert cli.main([*args, "--json", str(tmp_path / "h.json")]) == 0
+    halves = json.loads((tmp_path / "h.json").read_text())["spearman_within_group_halves"]
+    first = json.loads((tmp_path / "f.json").read_text())["spearman_within_group"]
+    assert halves["seeds"] == [0, 1, 2] and halves["values"][0] == first  # seed 0's half is the table's
+    assert len(set(halves["values"])) > 1 and halves["mean"] == pytest.approx(sum(halves["values"]) / 3)
+    assert "over 3 halves (seeds 0-2)" in capsys.readouterr().out
     assert (
         cli.main(
             [
