@@ -191,7 +191,7 @@ class AnchorScheduler:
             "n_anchors": self.n_anchors,
             "n_steps": self.n_steps,
             "decisions": [[gid, flag] for gid, flag in self._decisions.items()],
-            "open": list(self._open),
+            "open": sorted(self._open, key=repr),  # a set: one order for the same members, run to run
             "plan": list(self._plan),
         }
 
