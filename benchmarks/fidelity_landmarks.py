@@ -90,11 +90,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             cache.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     landmark_seconds = time.time() - started
     gaps_only = {t: {k: v for k, v in lm.items() if k in LANDMARK_KEYS} for t, lm in table.items()}
+    full = with_landmarks(records, table)
     variants = (  # (row, records, own-estimator features)
         ("without landmarks", records, False),
         ("gap landmarks", with_landmarks(records, gaps_only), False),
-        ("+ metric landmarks", with_landmarks(records, table), False),
-        ("+ own-estimator features", with_landmarks(records, table), True),
+        ("+ metric landmarks", full, False),
+        ("+ own-estimator features", full, True),
     )
     rows = {}
     for name, recs, own in variants:

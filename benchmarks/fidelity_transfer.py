@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--skip", default="", help="comma list of parts to skip: cv,split,curve")
     p.add_argument("--landmarks", action="store_true", help="records carry their task's landmarks")
     args = p.parse_args(argv)
-    stem = "fidelity_transfer_landmarks" if args.landmarks else "fidelity_transfer"
+    suffix = "_landmarks" if args.landmarks else ""
     skip = set(filter(None, args.skip.split(",")))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -196,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 ),
                 flush=True,
             )
-    _save(out / f"{stem}.json", result)
+    _save(out / f"fidelity_transfer{suffix}.json", result)
     if "cv" not in skip:
         result["leave_datasets_out"] = {}
         everything = cat + corp
@@ -219,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 ),
                 flush=True,
             )
-    _save(out / f"{stem}.json", result)
+    _save(out / f"fidelity_transfer{suffix}.json", result)
     if "curve" not in skip:
         sizes = [int(x) for x in args.curve_sizes.split(",")]
         n_train_tasks = len({r.task_id for r in train})
@@ -229,12 +229,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         result["curve_plot"] = str(
             _plot(
                 result["learning_curve"],
-                out / f"{stem.replace('fidelity_transfer', 'fidelity_transfer_curve')}.png",
+                out / f"fidelity_transfer_curve{suffix}.png",
                 len({r.task_id for r in cat if split[r.task_id] == "train"}),
             )
         )
     result["total_seconds"] = time.time() - started
-    _save(out / f"{stem}.json", result)
+    _save(out / f"fidelity_transfer{suffix}.json", result)
     return result
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from wmrl_envs.config_cli import run_cli
 from wmrl_envs.world_models.code_outcome import CodeOutcomeConfig, CodeOutcomeModel
-from wmrl_envs.world_models.fidelity import evaluate_fidelity
+from wmrl_envs.world_models.fidelity import evaluate_fidelity_halves
 from wmrl_envs.world_models.landmarks import with_landmarks
 from wmrl_envs.world_models.logs import LogRecord, read_logs
 
@@ -169,25 +169,21 @@ def _command(argv: Sequence[str] | None = None) -> int:
         model = _load_model(args.model)
         records = with_landmarks(_select(read_logs(args.logs), args.split, args.tier))
         name = args.name or f"CodeOutcomeModel ({args.model})"
-        report = evaluate_fidelity(
-            model, records, calibration_fraction=args.calibration_fraction, seed=args.seed, name=name, progress=True
+        seeds = list(range(args.seed, args.seed + max(1, args.halves)))
+        reports = evaluate_fidelity_halves(
+            model, records, seeds, calibration_fraction=args.calibration_fraction, name=name, progress=True
         )
+        report = reports[0]
         table = report.to_markdown()
         print(table)
         result = report.to_dict()
-        if args.halves > 1:
-            seeds = range(args.seed, args.seed + args.halves)
-            halves = [report.spearman_within_group] + [
-                evaluate_fidelity(
-                    model, records, calibration_fraction=args.calibration_fraction, seed=s
-                ).spearman_within_group
-                for s in seeds[1:]
-            ]
+        if len(reports) > 1:
+            halves = [r.spearman_within_group for r in reports]
             known = [h for h in halves if h is not None]
             mean = sum(known) / len(known) if known else None
-            result["spearman_within_group_halves"] = {"seeds": list(seeds), "values": halves, "mean": mean}
+            result["spearman_within_group_halves"] = {"seeds": seeds, "values": halves, "mean": mean}
             shown = " ".join("n/a" if h is None else f"{h:.4f}" for h in halves)
-            print(f"within-task Spearman over {args.halves} halves (seeds {seeds[0]}-{seeds[-1]}): {shown}; "
+            print(f"within-task Spearman over {len(seeds)} halves (seeds {seeds[0]}-{seeds[-1]}): {shown}; "
                   f"mean {'n/a' if mean is None else f'{mean:.4f}'}")  # fmt: skip
         if args.markdown:
             Path(args.markdown).write_text(table + "\n")

@@ -26,7 +26,7 @@ the logged true outcome:
   part, where every number above is computed (``*_after``), as Online Debiasing would.
 
 Classes: :class:`FidelityReport`. Functions: :func:`evaluate_fidelity`,
-:func:`fidelity_from_scores`, :func:`centred_bias`, :func:`markdown_table`, :func:`failure_kind`.
+:func:`evaluate_fidelity_halves`, :func:`fidelity_from_scores`, :func:`centred_bias`, :func:`markdown_table`, :func:`failure_kind`.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ __all__ = [
     "fidelity_from_scores",
     "centred_bias",
     "markdown_table",
+    "evaluate_fidelity_halves",
     "failure_kind",
 ]
 
@@ -297,6 +298,25 @@ def evaluate_fidelity(
 
     Records with an unknown true score are skipped; groups are tasks (``task_id``).
     """
+    return evaluate_fidelity_halves(
+        model, records, [seed], calibration_fraction=calibration_fraction, n_bins=n_bins,
+        batch_size=batch_size, name=name, progress=progress,
+    )[0]  # fmt: skip
+
+
+def evaluate_fidelity_halves(
+    model: WorldModel,
+    records: Sequence[LogRecord],
+    seeds: Sequence[int],
+    *,
+    calibration_fraction: float = 0.5,
+    n_bins: int = 10,
+    batch_size: int = 256,
+    name: str | None = None,
+    progress: bool = False,
+) -> list[FidelityReport]:
+    """:func:`evaluate_fidelity` with one report per seed of the calibration / evaluation
+    split, from one prediction of every record (on a few tasks one half is noisy)."""
     records = [r for r in records if r.known]
     if not records:
         raise ValueError("evaluate_fidelity needs records with known true scores, got none")
@@ -305,15 +325,21 @@ def evaluate_fidelity(
     for s in tqdm(starts, desc="fidelity", disable=not progress):
         chunk = records[s : s + batch_size]
         preds += model.predict([r.context for r in chunk], [r.code for r in chunk])
-    return fidelity_from_scores(
+    columns = (
         [None if p is None else p.score for p in preds],
         [_true_score(r) for r in records],
         [r.task_id for r in records],
         [None if p is None else p.status for p in preds],
         [_true_status(r) for r in records],
         [failure_kind(r.outcome) for r in records],
-        calibration_fraction=calibration_fraction,
-        seed=seed,
-        n_bins=n_bins,
-        name=name or type(model).__name__,
     )
+    return [
+        fidelity_from_scores(
+            *columns,
+            calibration_fraction=calibration_fraction,
+            seed=seed,
+            n_bins=n_bins,
+            name=name or type(model).__name__,
+        )  # fmt: skip
+        for seed in seeds
+    ]

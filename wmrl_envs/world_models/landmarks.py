@@ -200,9 +200,10 @@ def landmarks(
                 generic[name] = float(np.mean(pred_labels == y))
                 cols = [labels.index(c) if c in labels else None for c in order]
                 proba = np.column_stack([p[:, i] if i is not None else np.zeros(len(p)) for i in cols])
-                pred = pred_labels if scorer is None or scorer.prediction == "label" else proba
-                if scorer is not None and scorer.prediction == "proba" and task_type == "binary":
-                    pred = proba[:, 1]
+                if scorer is None or scorer.prediction == "label":
+                    pred = pred_labels
+                else:  # probabilities: P(classes[1]) on a binary task, a column per class otherwise
+                    pred = proba[:, 1] if task_type == "binary" else proba
             if scorer is not None:
                 try:
                     v = scorer(y, pred, classes=None if regression else order)
