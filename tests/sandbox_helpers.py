@@ -19,6 +19,7 @@ import pytest
 from wmrl_envs.sandbox import DockerExecutor, Limits, LocalExecutor, SandboxUnavailable
 from wmrl_envs.sandbox.image import docker_client
 from wmrl_envs.sandbox.local import LocalConfig
+from wmrl_envs.sandbox.uids import uid_processes
 
 #: Small limits so hostile scripts are cut quickly (the test budget is ~3 min on 2 cores).
 SMALL = Limits(
@@ -125,17 +126,9 @@ def write_hidden_labels(public_tmp):
 
 
 def sandbox_processes() -> list[int]:
-    """Host pids running as one of the test executor's sandbox uids."""
+    """Host pids running as one of the test executor's sandbox uids (non-dumpable launchers included)."""
     uids = range(TEST_UIDS.uid_base, TEST_UIDS.uid_base + TEST_UIDS.uid_count)
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}").st_uid in uids:
-                    pids.append(int(entry))
-            except FileNotFoundError:
-                continue
-    return pids
+    return sorted(pid for pids in uid_processes(uids).values() for pid in pids)
 
 
 def sandbox_containers(executor) -> list:

@@ -31,6 +31,7 @@ from wmrl_envs.sandbox import ExecutionResult, LocalExecutor
 from wmrl_envs.sandbox.cgroup import available as cgroup_available
 from wmrl_envs.sandbox.local import LAUNCHER_SOURCE
 from wmrl_envs.sandbox.workfs import remove_tree
+from wmrl_envs.sandbox.uids import uid_processes
 
 GRADE = dataclasses.replace(SMALL, max_file_bytes=32 << 20, wall_seconds=20, cpu_seconds=10)
 
@@ -300,15 +301,7 @@ ex.run("import time\\nprint('started', flush=True)\\ntime.sleep(120)", limits=Li
 
 
 def _uid_processes(uids) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}").st_uid in uids:
-                    out.append(int(entry))
-            except OSError:
-                continue
-    return out
+    return sorted(pid for pids in uid_processes(uids).values() for pid in pids)
 
 
 def test_sigkill_of_the_grader_leaves_nothing_running(work_base):

@@ -91,8 +91,11 @@ class ParsedAction:
     payload: str
 
 
-def parse_action(action: Any) -> ParsedAction:
+def parse_action(action: Any, max_chars: int | None = None) -> ParsedAction:
     """Classify a reply (see the module docstring for the syntax).
+
+    A reply longer than ``max_chars`` is ``malformed`` before anything else looks at it
+    (compiling a few MB of statements costs GBs of memory and minutes).
 
     >>> parse_action("Plan: fit a model.\\n```python\\nprint(1)\\n```").kind
     'execute'
@@ -103,6 +106,11 @@ def parse_action(action: Any) -> ParsedAction:
     """
     if not isinstance(action, str):
         return ParsedAction("malformed", f"the action must be a string, got {type(action).__name__}")
+    if max_chars is not None and len(action) > max_chars:
+        return ParsedAction(
+            "malformed",
+            f"the reply is {len(action)} characters long; the limit is max_action_chars={max_chars}",
+        )
     blocks = _FENCE.findall(action)
     if len(blocks) == 1:
         lang, code = blocks[0]
@@ -134,7 +142,9 @@ class AutoResearchConfig:
         memory_bytes: memory cap of one solution run. Default ``None``: the task's own
             (2 GiB for every shipped task). A number overrides it for every task.
         max_obs_chars: observation length cap. Default 8000.
-        max_action_chars: action length cap (the action space's ``max_length``). Default 32768.
+        max_action_chars: action length cap (the action space's ``max_length``), enforced at
+            the env boundary: a longer reply is ``malformed`` (its feedback names the cap)
+            before it is parsed, compiled or shown to a world model. Default 32768.
         overview_chars: cap of the task overview inside observations and grading contexts.
             Default 2500 (the pool logs were built with it, so world models see the same text).
     """
@@ -271,7 +281,7 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
     def grading_request(self, action: Any) -> GradingRequest | None:
         if self.task is None or self._turn >= self.config.max_turns:
             return None  # no episode in progress: nothing to grade (step() will say why)
-        parsed = parse_action(action)
+        parsed = parse_action(action, self.config.max_action_chars)
         if parsed.kind != "execute" or check_syntax(parsed.payload) is not None:
             return None
         return GradingRequest(
@@ -312,7 +322,7 @@ class AutoResearchEnv(OutcomeSeam, gym.Env):
     def apply(self, action: Any, outcome: Outcome | None) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self._require_episode()
         assert self.task is not None  # _require_episode raised otherwise
-        parsed = parse_action(action)
+        parsed = parse_action(action, self.config.max_action_chars)
         graded = False
         if parsed.kind == "malformed":
             outcome = Outcome("malformed", 0.0, feedback=f"Malformed reply: {parsed.payload}.")

@@ -249,6 +249,13 @@ def check_syntax(script: str) -> Outcome | None:
     """A ``syntax_error`` outcome if ``script`` does not compile, else ``None``.
 
     Compiling is exact and free, so syntax errors never reach the sandbox (or a world model).
+    Never raises: whatever ``compile`` raises is the script's fault and becomes a
+    ``syntax_error`` with its message -- ``SyntaxError`` / ``ValueError`` (NUL bytes), and the
+    ``RecursionError`` / ``MemoryError`` of a few thousand nested operators (``x = ----...1``),
+    which the real interpreter would fail on in the same way before running a line.
+
+    >>> check_syntax("x = " + "-" * 3000 + "1").status
+    'syntax_error'
     """
     try:
         compile(script, "main.py", "exec")
@@ -258,6 +265,14 @@ def check_syntax(script: str) -> Outcome | None:
         return Outcome(
             "syntax_error", LADDER["syntax_error"], feedback=f"SyntaxError{where}: {getattr(err, 'msg', err)}"
         )
+    except (RecursionError, MemoryError) as err:
+        return Outcome(
+            "syntax_error",
+            LADDER["syntax_error"],
+            feedback=f"{type(err).__name__} while compiling: the script nests too deeply for the compiler ({err})",
+        )
+    except Exception as err:  # noqa: BLE001 -- a reply must never crash the env; anything compile raises is the script's
+        return Outcome("syntax_error", LADDER["syntax_error"], feedback=f"{type(err).__name__} while compiling: {err}")
     return None
 
 

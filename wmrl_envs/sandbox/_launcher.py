@@ -11,14 +11,24 @@ Usage: ``python3 -S -I -c <this file> OPTIONS_JSON CMD...`` with OPTIONS_JSON ke
 * ``hold_seconds``: after that, stay alive up to this long until SIGTERM, then exit with
   CMD's exit code (``128 + signal`` for a signal death). The Docker backend uses this to
   read the container's cgroup counters before the engine deletes the cgroup.
-* ``go_fd``: read one byte from this fd before starting CMD (the host moves the launcher
-  into the run's cgroup first); end of file means the host is gone: exit without running.
+* ``go_fd``: the forked child reads one byte from this fd before it execs CMD (the host
+  moves that child -- not the launcher -- into the run's cgroup first, so an OOM kill in the
+  run's group can never take the launcher); end of file means the host is gone: the child
+  exits 125 without running CMD.
+* ``pid_fd``: fd that receives the forked child's pid (decimal ASCII) right after the fork,
+  for the host to move it into the run's cgroup before sending the go byte.
 * ``wall_seconds``: the launcher's own deadline: CMD (everything, with ``sweep``) is killed
   after this long even if nobody is left to tell it to (``wall_killed`` in the report).
 * ``parent_pid``: die with that process: ``PR_SET_PDEATHSIG`` delivers SIGTERM to the
   launcher when it exits (checked once after arming, for a parent already gone).
 
 SIGTERM while CMD runs kills it (everything, with ``sweep``) and the launcher still reports.
+
+The launcher makes itself non-dumpable (``PR_SET_DUMPABLE 0``) before anything else: CMD
+runs under the same uid (on Docker, in the same pid namespace), and a dumpable process of
+one's own uid can be ptraced or have its memory rewritten through ``/proc/<pid>/mem`` --
+which would let a solution disable the launcher's alarm and its exit (``execve`` makes CMD
+dumpable again; only the launcher is protected, which is what matters).
 
 Local backend: runs as the sandbox uid outside bwrap, so ``wait4`` in this tiny process
 yields the sandbox's true CPU time and peak RSS (``wait4`` in the host process would count
@@ -37,6 +47,7 @@ import time
 
 
 def main() -> None:
+    _undumpable()
     opts = json.loads(sys.argv[1])
     cmd = sys.argv[2:]
     state = {"child": 0, "stop": False, "wall": False}
@@ -63,32 +74,42 @@ def main() -> None:
         _die_with_parent(int(opts["parent_pid"]))
     report_fd = opts.get("report_fd")
     go_fd = opts.get("go_fd")
-    if go_fd is not None:
-        try:
-            go = os.read(go_fd, 1)
-        except OSError:
-            go = b""
-        os.close(go_fd)
-        if not go:  # the host died before the run started
-            os._exit(125)
+    pid_fd = opts.get("pid_fd")
     if opts.get("wall_seconds"):
         signal.signal(signal.SIGALRM, on_alarm)
         signal.setitimer(signal.ITIMER_REAL, float(opts["wall_seconds"]))
     pid = os.fork()
+    state["child"] = pid
     if pid == 0:
         try:
-            if report_fd is not None:
-                os.close(report_fd)
+            for fd in (report_fd, pid_fd):
+                if fd is not None:
+                    os.close(fd)
             signal.setitimer(signal.ITIMER_REAL, 0)
             for sig in (signal.SIGTERM, signal.SIGALRM):
                 signal.signal(sig, signal.SIG_DFL)
+            if go_fd is not None:
+                try:
+                    go = os.read(go_fd, 1)
+                except OSError:
+                    go = b""
+                os.close(go_fd)
+                if not go:  # the host died before the run started
+                    os._exit(125)
             for name, (soft, hard) in opts.get("rlimits", {}).items():
                 resource.setrlimit(getattr(resource, name), (soft, hard))
             os.execv(cmd[0], cmd)
         except BaseException as e:  # noqa: BLE001 -- nothing may escape a forked child
             os.write(2, f"wmrl sandbox launcher: cannot start {cmd[0]!r}: {e!r}\n".encode())
         os._exit(127)
-    state["child"] = pid
+    if go_fd is not None:
+        os.close(go_fd)
+    if pid_fd is not None:
+        try:
+            os.write(pid_fd, str(pid).encode())
+        except OSError:  # the host is gone: the child reads end of file and exits
+            pass
+        os.close(pid_fd)
     while True:
         try:
             _, status, ru = os.wait4(pid, 0)
@@ -117,32 +138,48 @@ def main() -> None:
     os._exit(128 - code if code < 0 else code)
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Get SIGTERM when the host process dies (Linux ``prctl``); no-op where unsupported."""
+def _prctl(option: int, arg: int) -> bool:
+    """``prctl(option, arg)`` through libc; False where unsupported (not Linux, no ctypes)."""
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+        return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0
+    except (OSError, AttributeError, ImportError):
+        return False
+
+
+def _undumpable() -> None:
+    """``PR_SET_DUMPABLE 0``: no ptrace, no ``/proc/<pid>/mem`` for processes of our uid."""
+    _prctl(4, 0)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Get SIGTERM when the host process dies (Linux ``prctl``); no-op where unsupported."""
+    if not _prctl(1, signal.SIGTERM):  # PR_SET_PDEATHSIG
         return
     if os.getppid() != parent_pid:  # the parent died before the signal was armed
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _real_uid(pid: str):
+    """Real uid of a process from ``/proc/<pid>/status`` (not the owner of ``/proc/<pid>``,
+    which is root for a process that made itself non-dumpable); ``None`` once it is gone."""
+    try:
+        with open("/proc/" + pid + "/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _sweep(timeout: float = 5.0) -> None:
     """SIGKILL every other process of this uid until /proc shows none (the dying linger until reaped)."""
     deadline = time.monotonic() + timeout
-    me, uid = os.getpid(), os.getuid()
+    me, uid = str(os.getpid()), os.getuid()
     while time.monotonic() < deadline:
-        left = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and int(entry) != me:
-                try:
-                    if os.stat("/proc/" + entry).st_uid == uid:
-                        left.append(entry)
-                except OSError:
-                    continue
+        left = [e for e in os.listdir("/proc") if e.isdigit() and e != me and _real_uid(e) == uid]
         if not left:
             return
         try:

@@ -3,7 +3,7 @@
 Each run gets a fresh container of the offline-built image (see
 :mod:`wmrl_envs.sandbox.image`): ``network_mode="none"``, a cgroup memory cap without
 swap, a pids cap, a CPU quota, a read-only root with a size-capped ``/tmp`` tmpfs, a
-non-root user, every capability dropped, ``no-new-privileges``, and ``ulimit`` s for CPU
+non-root uid of its own per run, every capability dropped, ``no-new-privileges``, and ``ulimit`` s for CPU
 time, file size and data size (so a memory bomb fails with ``MemoryError`` as it does
 locally; the cgroup cap backs it up across processes). The work dir is bind-mounted
 read-write at ``/sandbox``; inputs inside it are root-owned read-only copies. Output
@@ -49,6 +49,7 @@ from wmrl_envs.sandbox.base import (
 )
 from wmrl_envs.sandbox.image import docker_client, image_exists, image_tag
 from wmrl_envs.sandbox.local import LAUNCHER_SOURCE, LAUNCHER_WALL_GRACE
+from wmrl_envs.sandbox.uids import DEFAULT_UID_BASE, UidPool
 
 __all__ = ["DockerExecutor", "DockerConfig", "sweep_containers"]
 
@@ -65,7 +66,16 @@ class DockerConfig:
         image: sandbox image (``None``: :func:`~wmrl_envs.sandbox.image.image_tag`, the one
             ``build-image`` makes).
         python: interpreter inside the image.
-        user: ``uid:gid`` the script runs as (default: ``nobody``).
+        user: ``uid:gid`` every script runs as; ``None`` (default): a uid of its own per
+            run, from the range ``uid_base`` .. ``uid_base + uid_count`` (see
+            :mod:`wmrl_envs.sandbox.uids`), so concurrent runs share no per-user kernel
+            limit (processes, inotify instances, ...) and no run can signal another's processes.
+        uid_base: first uid of the per-run range (shared with the local backend's default:
+            the lock files keep runs of both backends apart).
+        uid_count: size of that range = the most runs at once on this host.
+        lock_dir: where the per-uid lock files live (``None``: the local backend's
+            ``/run/wmrl-sandbox`` as root, else a directory of the caller's own under the
+            system temp dir).
         cpus: CPU quota of one container (cores).
         env: the script's whole environment.
         work_base: host directory for work dirs (``None``: the system temp dir); must be
@@ -74,7 +84,10 @@ class DockerConfig:
 
     image: str | None = None
     python: str = "/usr/bin/python3"
-    user: str = "65534:65534"
+    user: str | None = None
+    uid_base: int = DEFAULT_UID_BASE
+    uid_count: int = 64
+    lock_dir: str | None = None
     cpus: float = 1.0
     env: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_ENV))
     work_base: str | None = None
@@ -82,6 +95,8 @@ class DockerConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.cpus, (int, float)) or not self.cpus > 0:
             raise ValueError(f"DockerConfig.cpus must be a positive number of cores, got {self.cpus!r}")
+        if self.user is None:
+            return
         uid, sep, gid = self.user.partition(":")
         if not (uid.isdigit() and sep and gid.isdigit()) or int(uid) == 0:
             raise ValueError(f"DockerConfig.user must be a non-root numeric 'uid:gid', got {self.user!r}")
@@ -118,7 +133,15 @@ class DockerExecutor:
                 f"    python -m wmrl_envs.sandbox.cli build-image"
                 + ("" if self.config.image is None else f" --tag {self.image}")
             )
-        self._uid, self._gid = (int(x) for x in self.config.user.split(":"))
+        self._user = None if self.config.user is None else tuple(int(x) for x in self.config.user.split(":"))
+        self._uids = None
+        if self._user is None:
+            lock_dir = self.config.lock_dir or (
+                "/run/wmrl-sandbox"
+                if os.geteuid() == 0
+                else os.path.join(tempfile.gettempdir(), f"wmrl-sandbox-locks-{os.geteuid()}")
+            )
+            self._uids = UidPool(self.config.uid_base, self.config.uid_count, lock_dir)
         #: Labels every container of this executor (``org.wmrl.sandbox.executor``), e.g. to find leftovers.
         self.instance_id = uuid.uuid4().hex[:12]
         self._owner = _owner_label(os.getpid())
@@ -137,24 +160,31 @@ class DockerExecutor:
         """Run ``script`` as ``python3 main.py``; see :class:`~wmrl_envs.sandbox.base.Executor`."""
         limits = resolve_limits(limits)
         root = os.geteuid() == 0
-        work = WorkDir(
-            script,
-            inputs,
-            outputs,
-            owner=(self._uid, self._gid) if root else None,
-            base_dir=self.config.work_base,
-            quota_bytes=limits.work_quota,
-        )
+        uid = self._uids.acquire() if self._uids is not None else None
+        user = (uid, uid) if uid is not None else self._user
+        assert user is not None  # a fixed user or one from the pool
         try:
-            if not root:  # cannot chown: let the container's uid write anyway
-                os.chmod(work.path, 0o777)
-            result = self._run_container(work, limits)
-            files, oversized = work.read_outputs_checked(limits.read_cap)
+            work = WorkDir(
+                script,
+                inputs,
+                outputs,
+                owner=user if root else None,
+                base_dir=self.config.work_base,
+                quota_bytes=limits.work_quota,
+            )
+            try:
+                if not root:  # cannot chown: let the container's uid write anyway
+                    os.chmod(work.path, 0o777)
+                result = self._run_container(work, limits, f"{user[0]}:{user[1]}")
+                files, oversized = work.read_outputs_checked(limits.read_cap)
+            finally:
+                work.cleanup()
         finally:
-            work.cleanup()
+            if uid is not None and self._uids is not None:
+                self._uids.release(uid)
         return ExecutionResult(**{**result, "files": files, "oversized_files": oversized})
 
-    def _create(self, work: WorkDir, limits: Limits, hold: bool):
+    def _create(self, work: WorkDir, limits: Limits, hold: bool, user: str):
         from docker.types import LogConfig, Ulimit
 
         cpu = math.ceil(limits.cpu_seconds)
@@ -178,7 +208,7 @@ class DockerExecutor:
             self.image,
             command,
             working_dir=SANDBOX_DIR,
-            user=self.config.user,
+            user=user,
             environment=dict(self.config.env),
             hostname="sandbox",
             network_mode="none",
@@ -209,9 +239,9 @@ class DockerExecutor:
             detach=True,
         )
 
-    def _run_container(self, work: WorkDir, limits: Limits) -> dict:
+    def _run_container(self, work: WorkDir, limits: Limits, user: str) -> dict:
         hold = _ContainerCgroup.visible()
-        container = self._create(work, limits, hold)
+        container = self._create(work, limits, hold, user)
         try:
             out, err = OutputTail(limits.tail_bytes), OutputTail(limits.tail_bytes)
             flooded = threading.Event()
@@ -235,13 +265,26 @@ class DockerExecutor:
                 _signal(container, "SIGKILL")
             elif hold:
                 _signal(container, "SIGTERM")  # stats are read: let the launcher exit with the code
-            exit_code = container.wait()["StatusCode"]
+            exit_code = _wait(container, _STOP_GRACE)
+            if exit_code is None:  # the launcher ignored SIGTERM: it was tampered with
+                log.warning(
+                    "wmrl sandbox: the launcher did not exit %g s after SIGTERM; killing the container", _STOP_GRACE
+                )
+                _signal(container, "SIGKILL")
+                exit_code = _wait(container, _STOP_GRACE)
+                killed = killed or (
+                    "error",
+                    f"the sandbox launcher did not exit within {_STOP_GRACE:g} s of being asked "
+                    "(tampered with by the script?); the container was killed",
+                )
             reader.join(timeout=5)
             stream.close()
             container.reload()
             oom = container.attrs["State"].get("OOMKilled", False)
         finally:
             container.remove(force=True)
+        if exit_code is None:  # still not gone after SIGKILL: removed by force above
+            exit_code = 128 + 9
         returncode = -(exit_code - 128) if 128 < exit_code < 128 + 65 else exit_code  # 128 + signo, as shells do
         if killed:
             status, reason = killed
@@ -348,6 +391,21 @@ def sweep_containers(client) -> int:
 
 #: How long the launcher keeps a finished container alive for its counters to be read.
 _HOLD_SECONDS = 5.0
+
+
+#: How long the host waits for a container to exit after asking (SIGTERM), and again after
+#: SIGKILL: every wait on the engine is bounded.
+_STOP_GRACE = 3.0
+
+
+def _wait(container, timeout: float) -> int | None:
+    """The container's exit code, or ``None`` if it has not exited within ``timeout`` seconds."""
+    import requests.exceptions
+
+    try:
+        return int(container.wait(timeout=timeout)["StatusCode"])
+    except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+        return None
 
 
 def _signal(container, sig: str) -> None:

@@ -4,12 +4,17 @@ Layers, outermost first:
 
 * **uid**: each concurrent run gets its own uid from a reserved numeric range (no passwd
   entry needed), so ``RLIMIT_NPROC`` -- which the kernel counts per uid, and ignores for
-  root -- caps exactly that run's processes. Leftover processes of a uid (from a grading
-  process that was SIGKILLed) are killed before the uid is used again.
+  root -- caps exactly that run's processes. A uid in an ``/etc/subuid`` range or used by
+  any live process is never taken (:mod:`wmrl_envs.sandbox.uids`): the run kills every
+  process of its uid at the end, so that uid must be nobody else's.
 * **cgroup** (:mod:`wmrl_envs.sandbox.cgroup`, v1 or v2, per run): memory of every kind
-  (heap, shared mappings, memfd, tmpfs, socket buffers) capped at ``memory_bytes`` plus a
-  small headroom, ``pids.max``, and the CPU time of *all* processes of the run, waited
-  for or not, checked against ``cpu_seconds`` while it runs. Skipped with a warning where
+  (heap, shared mappings, memfd, tmpfs, socket buffers, kernel memory) capped at
+  ``memory_bytes`` plus a small headroom, ``pids.max``, and the CPU time of *all* processes
+  of the run, waited for or not, checked against ``cpu_seconds`` while it runs. The
+  launcher stays outside the group (only its forked child is moved in, before it execs):
+  kernel memory a script leaves behind (e.g. a million empty files) stays charged after it
+  exits, and an OOM kill in the group must take the script, never the launcher that reports
+  its exit. Skipped with a warning where
   cgroups are not writable (then the rlimits below are all there is).
 * **rlimits**: ``RLIMIT_CPU``, ``RLIMIT_DATA`` (so a plain memory bomb fails with
   ``MemoryError``), ``RLIMIT_FSIZE``, ``RLIMIT_NPROC``, ``RLIMIT_CORE=0``, set by a tiny
@@ -45,12 +50,10 @@ Classes: :class:`LocalExecutor`, :class:`LocalConfig`.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import math
 import os
-import pwd
 import selectors
 import shutil
 import signal
@@ -65,6 +68,7 @@ from pathlib import Path
 
 from wmrl_envs.sandbox import cgroup as _cgroup
 from wmrl_envs.sandbox import workfs
+from wmrl_envs.sandbox.uids import DEFAULT_UID_BASE, UidPool
 from wmrl_envs.sandbox.base import (
     DEFAULT_ENV,
     SANDBOX_DIR,
@@ -92,6 +96,7 @@ log = logging.getLogger(__name__)
 
 # Processes of the sandbox uid that are not the script's (the launcher, and bwrap's
 # monitor when sandboxed), added to Limits.max_processes so the script gets its full allowance.
+# The run's cgroup holds all but the launcher.
 _OVERHEAD_PROCS = {True: 2, False: 1}
 
 #: Host paths visible (read-only) inside the sandbox besides /usr; missing ones are skipped.
@@ -133,8 +138,10 @@ class LocalConfig:
             (``bwrap --disable-userns``) where bwrap supports it.
         work_quota: make the work dir a size-capped tmpfs (``Limits.work_quota``) where
             mounting is allowed (root).
-        uid_base: first uid of the range reserved for sandbox runs; uids with a passwd
-            entry are skipped. Only used when the host process is root.
+        uid_base: first uid of the range reserved for sandbox runs; uids with a passwd or
+            group entry, in an ``/etc/subuid`` / ``/etc/subgid`` range, or used by any live
+            process are skipped (:mod:`wmrl_envs.sandbox.uids`). Only used when the host
+            process is root.
         uid_count: size of that range = the most local runs at once on this host, across
             processes (more wait).
         lock_dir: where the per-uid lock files live (root-only directory).
@@ -152,7 +159,7 @@ class LocalConfig:
     cgroups: bool = True
     disable_userns: bool = True
     work_quota: bool = True
-    uid_base: int = 300_000
+    uid_base: int = DEFAULT_UID_BASE
     uid_count: int = 64
     lock_dir: str = "/run/wmrl-sandbox"
     ro_paths: Sequence[str] = DEFAULT_RO_PATHS
@@ -166,44 +173,6 @@ class LocalConfig:
             raise ValueError(f"LocalConfig.uid_count must be a positive int, got {self.uid_count!r}")
 
 
-class _UidPool:
-    """Hands out distinct uids so concurrent runs never share an ``RLIMIT_NPROC`` count.
-
-    A uid is held through an exclusive ``flock`` on ``<lock_dir>/<uid>.lock``, so distinct
-    host processes (and threads: each acquisition opens its own file) never run the same uid.
-    """
-
-    def __init__(self, base: int, count: int, lock_dir: str):
-        self._uids = [u for u in range(base, base + count) if not _uid_has_passwd_entry(u)]
-        if not self._uids:
-            raise ValueError(f"every uid in [{base}, {base + count}) has a passwd entry; pick another uid_base")
-        os.makedirs(lock_dir, mode=0o700, exist_ok=True)
-        self._lock_dir = lock_dir
-        self._held: dict[int, int] = {}  # uid -> fd of its lock file
-        self._mutex = threading.Lock()
-
-    def acquire(self) -> int:
-        delay = 0.005
-        while True:
-            for uid in self._uids:
-                fd = os.open(os.path.join(self._lock_dir, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                with self._mutex:
-                    self._held[uid] = fd
-                return uid
-            time.sleep(delay)  # every uid busy: wait for a run to finish
-            delay = min(delay * 2, 0.2)
-
-    def release(self, uid: int) -> None:
-        with self._mutex:
-            fd = self._held.pop(uid)
-        os.close(fd)  # drops the flock
-
-
 def _check_traversable(path: str) -> None:
     """bwrap binds the work dir as the sandbox uid, which must be able to walk down to it."""
     p = Path(path).resolve()
@@ -213,37 +182,6 @@ def _check_traversable(path: str) -> None:
                 f"work_base {str(p)!r} is not reachable by the sandbox uid: {str(d)!r} is not "
                 f"world-traversable (o+x); choose another work_base"
             )
-
-
-def _kill_uid(uid: int, timeout: float = 5.0) -> None:
-    """SIGKILL every host process running as ``uid`` (a sandbox uid: none should be left)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    if os.stat(f"/proc/{entry}").st_uid == uid:
-                        left.append(int(entry))
-                except OSError:
-                    continue
-        if not left:
-            return
-        log.warning("wmrl sandbox: killing %d leftover process(es) of sandbox uid %d", len(left), uid)
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.01)
-
-
-def _uid_has_passwd_entry(uid: int) -> bool:
-    try:
-        pwd.getpwuid(uid)
-        return True
-    except KeyError:
-        return False
 
 
 class LocalExecutor:
@@ -267,7 +205,7 @@ class LocalExecutor:
             self.config = LocalConfig(**{**self.config.__dict__, **overrides})
         self._is_root = os.geteuid() == 0
         self._uids = (
-            _UidPool(self.config.uid_base, self.config.uid_count, self.config.lock_dir) if self._is_root else None
+            UidPool(self.config.uid_base, self.config.uid_count, self.config.lock_dir) if self._is_root else None
         )
         base = self.config.work_base or tempfile.gettempdir()
         if self._is_root:
@@ -465,8 +403,6 @@ class LocalExecutor:
         limits = resolve_limits(limits)
         uid = self._uids.acquire() if self._uids else None
         try:
-            if uid is not None:
-                _kill_uid(uid)  # leftovers of a grading process that died holding this uid
             work = WorkDir(
                 script,
                 inputs,
@@ -478,7 +414,8 @@ class LocalExecutor:
             try:
                 cg = (
                     _cgroup.RunCgroup.create(
-                        limits.memory_bytes + CGROUP_HEADROOM, limits.max_processes + _OVERHEAD_PROCS[self.sandboxed]
+                        limits.memory_bytes + CGROUP_HEADROOM,
+                        limits.max_processes + _OVERHEAD_PROCS[self.sandboxed] - 1,
                     )
                     if self._cgroups
                     else None
@@ -499,11 +436,13 @@ class LocalExecutor:
     def _supervise(self, work: WorkDir, limits: Limits, uid: int | None, cg: _cgroup.RunCgroup | None) -> dict:
         report_r, report_w = os.pipe()
         go_r, go_w = os.pipe()
+        pid_r, pid_w = os.pipe()
         opts = {
             "rlimits": self._rlimits(limits),
             "report_fd": report_w,
             "sweep": uid is not None,
             "go_fd": go_r,
+            "pid_fd": pid_w,
             "wall_seconds": limits.wall_seconds + LAUNCHER_WALL_GRACE,
             "parent_pid": os.getpid(),
         }
@@ -522,27 +461,33 @@ class LocalExecutor:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=[report_w, go_r],
+                pass_fds=[report_w, go_r, pid_w],
                 cwd="/" if self.sandboxed else str(work.path),
                 env=dict(self.config.env),
                 start_new_session=True,
                 **self._user_kwargs(uid),
             )
         except BaseException:
-            os.close(report_r)
-            os.close(go_w)
+            for fd in (report_r, go_w, pid_r):
+                os.close(fd)
             raise
         finally:
-            os.close(report_w)
-            os.close(go_r)
+            for fd in (report_w, go_r, pid_w):
+                os.close(fd)
         try:
-            if cg is not None:
-                cg.attach(proc.pid)  # before the go byte: the script is born inside the group
-            os.write(go_w, b"1")
+            child = _read_pid(pid_r, timeout=_START_TIMEOUT)
+            if cg is not None and child is not None:
+                cg.attach(child)  # before the go byte: the script is born inside the group
+            if child is not None:
+                os.write(go_w, b"1")
+            else:
+                log.warning("wmrl sandbox: the launcher reported no child within %g s", _START_TIMEOUT)
+                _kill_group(proc.pid)
         except OSError as e:  # the launcher died before starting anything
             log.warning("wmrl sandbox: could not start the run: %r", e)
         finally:
             os.close(go_w)
+            os.close(pid_r)
         with os.fdopen(report_r, "rb") as report:
             killed, out, err = self._pump(proc, limits, start, cg)
             wall = time.monotonic() - start
@@ -649,6 +594,25 @@ class LocalExecutor:
                 _stop(proc)
             proc.wait()
         return killed, out, err
+
+
+#: How long the host waits for the launcher to report its child's pid (a bounded wait:
+#: the launcher is a few lines of Python that fork at once).
+_START_TIMEOUT = 30.0
+
+
+def _read_pid(fd: int, timeout: float) -> int | None:
+    """The child pid the launcher writes to ``fd`` (``None`` on end of file or timeout)."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0 and sel.select(left):
+            chunk = os.read(fd, 32)
+            if not chunk:
+                break
+            data += chunk
+    return int(data) if data.isdigit() else None
 
 
 #: Source of :mod:`wmrl_envs.sandbox._launcher`, passed to ``python3 -c`` (the sandbox uid

@@ -1,0 +1,266 @@
+"""Hardening, round 2 (issue 25): every finding as a test that failed before its fix.
+
+Rows of ``docs/hardening.md`` name these tests. Sandbox rows run against the real backends
+(local bwrap; Docker when an engine is reachable), env rows through the real stacks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import resource
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from sandbox_helpers import SMALL, TEST_UIDS, _docker_executor, executor, local_executor  # noqa: F401
+
+import wmrl_envs  # noqa: F401 -- registers the env ids
+from wmrl_envs.autoresearch.env import AutoResearchEnv
+from wmrl_envs.sandbox import Limits, LocalExecutor
+from wmrl_envs.sandbox.local import LAUNCHER_SOURCE, LocalConfig
+from wmrl_envs.sandbox.uids import UidPool, uid_processes
+from wmrl_envs.vector import make_vector_env
+from wmrl_envs.world_models import CodeOutcomeModel
+from wrappers import build_stack
+
+TASK = "titanic"
+
+
+def fence(code: str) -> str:
+    return f"```python\n{code}\n```"
+
+
+# ------------------------------------------------------------------ pathological replies
+
+
+@pytest.fixture(scope="module")
+def world_model() -> CodeOutcomeModel:
+    return CodeOutcomeModel.load_default()
+
+
+#: ``x = ------...1``: the compiler recurses once per operator (RecursionError at ~3 kB,
+#: MemoryError at ~10 kB) -- before the fix, out of ``env.step``.
+NESTED = {"3kB": fence("x = " + "-" * 3000 + "1"), "100kB": fence("x = " + "-" * 100_000 + "1")}
+#: The 100 kB reply must reach the compiler: an action cap above it (the default, 32768, would
+#: refuse it as malformed first -- see the oversized-reply test).
+BIG_CAP = 1 << 20
+
+
+@pytest.mark.parametrize("size", sorted(NESTED))
+@pytest.mark.parametrize("stack", ["raw", "real", "wm", "wmrl"])
+def test_pathological_reply_is_a_syntax_error_on_every_stack(stack, size, world_model):
+    env = AutoResearchEnv(TASK, max_turns=1, max_action_chars=BIG_CAP)
+    if stack != "raw":
+        env = build_stack(env, stack, world_model, anchor_fraction=1.0)
+    if stack == "wmrl":
+        env.get_wrapper_attr("begin_step")(["g"])
+    env.reset(options={"task": TASK, "group_id": "g", "group_size": 1})
+    _, reward, terminated, _, info = env.step(NESTED[size])
+    assert info["outcome"].status == "syntax_error" and reward == 0.0 and terminated
+    assert "while compiling" in info["outcome"].feedback
+    assert info.get("source") is None  # nothing was graded: neither the sandbox nor the world model ran
+
+
+def test_pathological_reply_is_a_syntax_error_on_the_vector_stack(world_model):
+    env = build_stack(
+        make_vector_env("wmrl/AutoResearch-v0", 2, split="train", max_turns=1, max_action_chars=BIG_CAP),
+        "wm",
+        world_model,
+    )
+    env.reset(options={"task": TASK})
+    _, _, terminated, _, infos = env.step([NESTED["3kB"], NESTED["100kB"]])
+    statuses = [o.status for o in infos["final_info"]["outcome"]]
+    assert statuses == ["syntax_error", "syntax_error"] and terminated.all()
+    env.close()
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_oversized_reply_is_refused_at_once_on_the_wm_stack(world_model):
+    env = build_stack(AutoResearchEnv(TASK, max_turns=1), "wm", world_model)
+    env.reset(options={"task": TASK})
+    reply = fence("x = 1\n" * (8_000_000 // 6))  # 8 MB of valid statements
+    before_rss, before_peak = _rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    t0 = time.perf_counter()
+    _, reward, _, _, info = env.step(reply)
+    elapsed = time.perf_counter() - t0
+    grown = max(_rss_bytes() - before_rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before_peak)
+    assert info["outcome"].status == "malformed" and reward == 0.0
+    assert (
+        "max_action_chars=32768" in info["outcome"].feedback and f"{len(reply)} characters" in info["outcome"].feedback
+    )
+    assert elapsed < 1.0, elapsed
+    assert grown < 64 << 20, grown  # before: ~0.6 GiB per MB compiled twice, 124 s
+    assert info.get("source") is None
+
+
+# ------------------------------------------------------------------ the launcher
+
+#: Hijacks the container's pid 1 (the launcher, same uid) through ptrace: blocks its SIGTERM
+#: and SIGALRM and parks it in a wait4 / pause loop, so it never exits when the host asks.
+#: x86-64 machine code, written over the launcher's current instruction.
+HIJACK = r"""
+import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.restype = ctypes.c_long
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+class Regs(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_ulonglong) for n in (
+        "r15 r14 r13 r12 rbp rbx r11 r10 r9 r8 rax rcx rdx rsi rdi orig_rax rip cs eflags rsp ss "
+        "fs_base gs_base ds es fs gs").split()]
+target = os.getppid()
+if libc.ptrace(16, target, None, None) != 0:  # PTRACE_ATTACH
+    print("attach refused: errno", ctypes.get_errno(), flush=True)
+    sys.exit(0)
+os.waitpid(target, 0)
+regs = Regs()
+libc.ptrace(12, target, None, ctypes.byref(regs))  # PTRACE_GETREGS
+code = bytes.fromhex(
+    "48b80060000000000000" "50" "4889e6" "31ff" "31d2" "41ba08000000" "b80e000000" "0f05"
+    "b83d000000" "48c7c7ffffffff" "31f6" "31d2" "4531d2" "0f05" "4885c0" "79e6"
+    "b822000000" "0f05" "ebf7"
+)
+code += b"\x90" * (-len(code) % 8)
+for i in range(0, len(code), 8):
+    word = struct.unpack("<Q", code[i:i + 8])[0]
+    libc.ptrace(4, target, ctypes.c_void_p(regs.rip + i), ctypes.c_void_p(word))  # PTRACE_POKETEXT
+regs.orig_rax = 0xFFFFFFFFFFFFFFFF  # no syscall restart
+regs.rsp = (regs.rsp - 256) & ~0xF
+libc.ptrace(13, target, None, ctypes.byref(regs))  # PTRACE_SETREGS
+libc.ptrace(17, target, None, None)  # PTRACE_DETACH
+print("launcher hijacked", flush=True)
+"""
+
+x86_only = pytest.mark.skipif(platform.machine() != "x86_64", reason="the hijack is x86-64 machine code")
+WALL = 6
+
+
+@x86_only
+def test_launcher_cannot_be_hijacked_on_docker(_docker_executor):  # noqa: F811
+    t0 = time.monotonic()
+    r = _docker_executor.run(HIJACK, limits=dataclasses.replace(SMALL, wall_seconds=WALL, cpu_seconds=WALL))
+    assert time.monotonic() - t0 < WALL + 5
+    assert r.status == "ok" and r.stdout_tail.startswith("attach refused"), (r.status, r.stdout_tail, r.reason)
+
+
+@x86_only
+def test_a_hijacked_launcher_cannot_hang_the_grader(_docker_executor, monkeypatch):  # noqa: F811
+    # Defence in depth: with the launcher made dumpable again (as before the fix), the hijack
+    # succeeds; every host-side wait is still bounded, and the container is killed.
+    import wmrl_envs.sandbox.docker_backend as docker_backend
+
+    dumpable = LAUNCHER_SOURCE.replace("    _undumpable()\n", "", 1)
+    assert dumpable != LAUNCHER_SOURCE
+    monkeypatch.setattr(docker_backend, "LAUNCHER_SOURCE", dumpable)
+    t0 = time.monotonic()
+    r = _docker_executor.run(HIJACK, limits=dataclasses.replace(SMALL, wall_seconds=WALL, cpu_seconds=WALL))
+    assert time.monotonic() - t0 < WALL + 5  # before: blocked until the container was killed by hand
+    assert r.stdout_tail.startswith("launcher hijacked")
+    assert r.status == "error" and r.returncode is not None and "did not exit" in r.reason
+
+
+def test_launcher_memory_is_closed_to_its_own_uid():
+    # The script runs under the launcher's uid; a dumpable process of one's own uid can be
+    # ptraced and rewritten through /proc/<pid>/mem. The launcher is not dumpable.
+    uid = TEST_UIDS.uid_base + TEST_UIDS.uid_count + 8
+    launcher = subprocess.Popen(
+        ["/usr/bin/python3", "-S", "-I", "-c", LAUNCHER_SOURCE, "{}", "/bin/sleep", "5"], user=uid, group=uid
+    )
+    probe = (
+        "import sys\ntry:\n    open(sys.argv[1], 'rb')\n    print('opened')\nexcept OSError as e:\n    print(e.errno)"
+    )
+    try:
+        time.sleep(0.5)
+        children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
+        assert children, "the launcher started its command"
+        seen = [
+            subprocess.run(
+                ["/usr/bin/python3", "-c", probe, f"/proc/{pid}/mem"],
+                user=uid,
+                group=uid,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            for pid in (launcher.pid, int(children[0]))
+        ]
+        assert seen == ["13", "opened"], seen  # EACCES for the launcher; its command is an ordinary process
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+
+#: A million empty files: no quota bytes, but kernel memory (inodes, dentries) charged to
+#: the run's cgroup that outlives the script.
+FILE_BOMB = """
+n = 0
+try:
+    while True:
+        open(f"f{n}", "w").close()
+        n += 1
+except OSError as e:
+    print("stopped at", n, e, flush=True)
+"""
+
+
+def test_kernel_memory_bomb_is_killed_memory(executor):  # noqa: F811
+    limits = dataclasses.replace(SMALL, wall_seconds=60, cpu_seconds=60, memory_bytes=128 << 20)
+    r = executor.run(FILE_BOMB, limits=limits)
+    # before (local): the OOM killer took the launcher -> status "error", returncode None (grader failed)
+    assert r.returncode is not None, r.reason
+    assert r.status == "killed_memory", (r.status, r.reason, r.stdout_tail)
+
+
+# ------------------------------------------------------------------ sandbox uids
+
+
+def test_a_process_with_an_in_range_uid_survives(tmp_path):
+    base = TEST_UIDS.uid_base + TEST_UIDS.uid_count + 12  # a range no other test uses
+    foreign = subprocess.Popen(["/bin/sleep", "60"], user=base, group=base)  # not started by any run
+    try:
+        ex = LocalExecutor(LocalConfig(uid_base=base, uid_count=2, lock_dir=str(tmp_path / "locks")), strict=True)
+        for _ in range(2):
+            r = ex.run("import os; print(os.getuid())", limits=dataclasses.replace(SMALL, wall_seconds=10))
+            assert r.status == "ok" and int(r.stdout_tail) == base + 1  # the busy uid is skipped
+        assert foreign.poll() is None, "a run killed a process it did not start"
+    finally:
+        foreign.kill()
+        foreign.wait()
+
+
+def test_uid_pool_skips_subordinate_ranges_and_entries(tmp_path):
+    subuid = tmp_path / "subuid"
+    subuid.write_text("alice:5000000:10\n")
+    pool = UidPool(4_999_998, 14, str(tmp_path / "locks"), subid_files=[str(subuid)])
+    assert pool.uids == [4_999_998, 4_999_999, 5_000_010, 5_000_011]
+    with pytest.raises(ValueError, match="subuid"):
+        UidPool(5_000_000, 10, str(tmp_path / "locks"), subid_files=[str(subuid)])
+    with pytest.raises(ValueError, match="passwd"):
+        UidPool(0, 1, str(tmp_path / "locks"), subid_files=[])  # root has an entry
+
+
+def test_uid_processes_sees_non_dumpable_processes():
+    uid = TEST_UIDS.uid_base + TEST_UIDS.uid_count + 9
+    proc = subprocess.Popen(
+        ["/usr/bin/python3", "-S", "-I", "-c", LAUNCHER_SOURCE, "{}", "/bin/sleep", "5"], user=uid, group=uid
+    )
+    try:
+        time.sleep(0.5)
+        assert proc.pid in uid_processes({uid}).get(uid, [])
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_docker_runs_get_a_uid_of_their_own(_docker_executor):  # noqa: F811
+    from wmrl_envs.sandbox import ExecutorPool, Job
+
+    jobs = [Job("import os, time; time.sleep(1); print(os.getuid())", limits=SMALL) for _ in range(3)]
+    results = ExecutorPool(_docker_executor, max_concurrent=3).map(jobs)
+    uids = [int(r.stdout_tail) for r in results]
+    assert len(set(uids)) == 3 and 65534 not in uids, uids
