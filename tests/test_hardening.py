@@ -30,8 +30,8 @@ from wmrl_envs.autoresearch.tasks import get_task
 from wmrl_envs.sandbox import ExecutionResult, LocalExecutor
 from wmrl_envs.sandbox.cgroup import available as cgroup_available
 from wmrl_envs.sandbox.local import LAUNCHER_SOURCE
-from wmrl_envs.sandbox.workfs import remove_tree
 from wmrl_envs.sandbox.uids import uid_processes
+from wmrl_envs.sandbox.workfs import remove_tree
 
 GRADE = dataclasses.replace(SMALL, max_file_bytes=32 << 20, wall_seconds=20, cpu_seconds=10)
 

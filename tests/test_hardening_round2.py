@@ -7,7 +7,6 @@ Rows of ``docs/hardening.md`` name these tests. Sandbox rows run against the rea
 from __future__ import annotations
 
 import dataclasses
-import os
 import platform
 import resource
 import subprocess
@@ -19,7 +18,7 @@ from sandbox_helpers import SMALL, TEST_UIDS, _docker_executor, executor, local_
 
 import wmrl_envs  # noqa: F401 -- registers the env ids
 from wmrl_envs.autoresearch.env import AutoResearchEnv
-from wmrl_envs.sandbox import Limits, LocalExecutor
+from wmrl_envs.sandbox import LocalExecutor
 from wmrl_envs.sandbox.local import LAUNCHER_SOURCE, LocalConfig
 from wmrl_envs.sandbox.uids import UidPool, uid_processes
 from wmrl_envs.vector import make_vector_env

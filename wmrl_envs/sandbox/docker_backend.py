@@ -133,7 +133,10 @@ class DockerExecutor:
                 f"    python -m wmrl_envs.sandbox.cli build-image"
                 + ("" if self.config.image is None else f" --tag {self.image}")
             )
-        self._user = None if self.config.user is None else tuple(int(x) for x in self.config.user.split(":"))
+        self._user: tuple[int, int] | None = None
+        if self.config.user is not None:
+            uid_s, _, gid_s = self.config.user.partition(":")
+            self._user = (int(uid_s), int(gid_s))
         self._uids = None
         if self._user is None:
             lock_dir = self.config.lock_dir or (

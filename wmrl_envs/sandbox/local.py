@@ -59,7 +59,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -68,7 +67,6 @@ from pathlib import Path
 
 from wmrl_envs.sandbox import cgroup as _cgroup
 from wmrl_envs.sandbox import workfs
-from wmrl_envs.sandbox.uids import DEFAULT_UID_BASE, UidPool
 from wmrl_envs.sandbox.base import (
     DEFAULT_ENV,
     SANDBOX_DIR,
@@ -80,6 +78,7 @@ from wmrl_envs.sandbox.base import (
     classify_exit,
     resolve_limits,
 )
+from wmrl_envs.sandbox.uids import DEFAULT_UID_BASE, UidPool
 
 __all__ = ["LocalExecutor", "LocalConfig", "LAUNCHER_SOURCE", "UNSAFE_ENV"]
 
