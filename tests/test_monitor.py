@@ -23,7 +23,29 @@ def test_anchor_group_stats_reads_only_anchor_groups_and_known_scores():
     assert stats["anchor_groups"] == 3
     assert stats["gap"] == pytest.approx((0.4 + 0.2 + -0.4 + 0.4 + 0.4 - 0.4) / 6)
     assert stats["rank_agreement"] == pytest.approx((1.0 + -1.0) / 2)
-    assert anchor_group_stats([]) == {"gap": None, "rank_agreement": None, "anchor_groups": 0}
+    assert anchor_group_stats([]) == {
+        "gap": None,
+        "rank_agreement": None,
+        "anchor_groups": 0,
+        "unknown_true": 0,
+        "grader_failure_rate": None,
+    }
+
+
+def test_unknown_real_outcomes_on_anchor_groups_are_counted_not_hidden():
+    # {honest script, strong-looking script whose real run the grader could not finish}:
+    # the unknown one is excluded from the gap (unknown is not 0) but counted and rated.
+    group = {"anchor": True, "calibrated": [0.55, 0.95], "true": [0.6, None]}
+    stats = anchor_group_stats([group, {"anchor": False, "calibrated": [0.9], "true": [None]}])
+    assert stats["gap"] == pytest.approx(-0.05) and stats["unknown_true"] == 1
+    assert stats["grader_failure_rate"] == pytest.approx(0.5)  # non-anchor groups do not count
+
+
+def test_guard_acts_on_grader_failures(stack, capsys):
+    guard = ExploitationGuard(stack, max_gap=0.2, action="stop", window=2)  # failure-rate threshold: default 0.25
+    assert guard(1, {"monitor/gap": -0.05, "monitor/grader_failure_rate": 0.1}) is False
+    assert guard(2, {"monitor/gap": -0.05, "monitor/grader_failure_rate": 0.5}) is True  # mean 0.3 > 0.25
+    assert "real outcome of 30% of anchor members is unknown" in capsys.readouterr().out
 
 
 @pytest.fixture
@@ -58,7 +80,7 @@ def test_guard_stops_with_a_message(stack, capsys):
 def test_guard_needs_an_anchor_layer_and_a_threshold(stack):
     with pytest.raises(TypeError, match="needs an AnchorWrapper"):
         ExploitationGuard(gym.make("wmrl/AutoResearch-v0", split="train"), max_gap=0.1)
-    with pytest.raises(ValueError, match="max_gap and/or min_rank_agreement"):
-        ExploitationGuard(stack)
+    with pytest.raises(ValueError, match="max_gap, min_rank_agreement and/or max_grader_failure_rate"):
+        ExploitationGuard(stack, max_grader_failure_rate=None)
     with pytest.raises(ValueError, match="action must be"):
         ExploitationGuard(stack, max_gap=0.1, action="panic")

@@ -12,6 +12,12 @@ Per step, over the anchor groups that completed:
   scores (groups with constant scores on either side skipped): GRPO only uses the ranking
   inside a group, so this is what the world-model rewards get right or wrong.
 
+* ``unknown_true`` / ``grader_failure_rate``: anchor members the world model graded whose
+  real outcome is unknown (``None``: the grader failed), as a count and as a share of the
+  anchor members the world model graded. Unknown is excluded from ``gap`` (never scored 0),
+  so a policy could hide what it exploits behind grader failures -- a failure rate that
+  grows is the sign, and the guard acts on it too.
+
 The inputs are the ``group_result`` dicts the :class:`~wrappers.AnchorWrapper` reports
 (``anchor``, ``calibrated``, ``true``: per-member lists). Acting on the numbers (raising the
 anchor fraction, or stopping) is the trainer's business: see
@@ -22,6 +28,9 @@ Functions: :func:`anchor_group_stats`.
 >>> stats = anchor_group_stats([{"anchor": True, "calibrated": [0.9, 0.6, 0.5], "true": [0.7, 0.6, 0.2]}])
 >>> round(stats["gap"], 4), stats["rank_agreement"], stats["anchor_groups"]
 (0.1667, 1.0, 1)
+>>> stats = anchor_group_stats([{"anchor": True, "calibrated": [0.9, 0.6], "true": [None, 0.6]}])
+>>> stats["gap"], stats["unknown_true"], stats["grader_failure_rate"]
+(0.0, 1, 0.5)
 """
 
 from __future__ import annotations
@@ -36,17 +45,19 @@ __all__ = ["anchor_group_stats"]
 
 
 def anchor_group_stats(results: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """``gap``, ``rank_agreement`` and ``anchor_groups`` over the anchor groups among
-    ``results`` (unknown scores excluded; a statistic with nothing to average is ``None``)."""
+    """``gap``, ``rank_agreement``, ``anchor_groups``, ``unknown_true`` and
+    ``grader_failure_rate`` over the anchor groups among ``results`` (unknown scores excluded
+    from the first two; a statistic with nothing to average is ``None``)."""
     gaps: list[float] = []
     ranks: list[float] = []
-    n = 0
+    n = unknown = graded = 0
     for r in results:
         if not r.get("anchor"):
             continue
-        pairs = [
-            (c, t) for c, t in zip(r.get("calibrated") or (), r.get("true") or ()) if c is not None and t is not None
-        ]
+        members = list(zip(r.get("calibrated") or (), r.get("true") or ()))
+        graded += sum(c is not None for c, _ in members)
+        unknown += sum(c is not None and t is None for c, t in members)
+        pairs = [(c, t) for c, t in members if c is not None and t is not None]
         if not pairs:
             continue
         n += 1
@@ -58,4 +69,6 @@ def anchor_group_stats(results: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "gap": float(np.mean(gaps)) if gaps else None,
         "rank_agreement": float(np.mean(ranks)) if ranks else None,
         "anchor_groups": n,
+        "unknown_true": unknown,
+        "grader_failure_rate": unknown / graded if graded else None,
     }

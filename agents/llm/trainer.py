@@ -189,8 +189,10 @@ class ExploitationGuard:
     ``monitor/rank_agreement`` in each step's metrics; see :mod:`wrappers.monitor`).
 
     The monitor's values are smoothed over the last ``window`` steps that had anchor groups.
-    When the smoothed gap exceeds ``max_gap`` or the rank agreement falls below
-    ``min_rank_agreement``, ``action="raise"`` multiplies the ``AnchorWrapper``'s target
+    When the smoothed gap exceeds ``max_gap``, the rank agreement falls below
+    ``min_rank_agreement``, or the share of anchor members whose real outcome is unknown
+    (``monitor/grader_failure_rate``: the grader failed on them, so the gap cannot see them)
+    exceeds ``max_grader_failure_rate`` (default 0.25: one in four), ``action="raise"`` multiplies the ``AnchorWrapper``'s target
     fraction by ``factor`` (up to ``max_fraction``; more real outcomes to calibrate on) and
     ``action="stop"`` ends training with a message naming what crossed which threshold.
     Every breach is recorded in :attr:`events` (and printed).
@@ -207,6 +209,7 @@ class ExploitationGuard:
         *,
         max_gap: float | None = None,
         min_rank_agreement: float | None = None,
+        max_grader_failure_rate: float | None = 0.25,
         action: str = "raise",
         factor: float = 2.0,
         max_fraction: float = 0.5,
@@ -214,20 +217,22 @@ class ExploitationGuard:
     ) -> None:
         if action not in ("raise", "stop"):
             raise ValueError(f"action must be 'raise' or 'stop', got {action!r}")
-        if max_gap is None and min_rank_agreement is None:
-            raise ValueError("ExploitationGuard needs max_gap and/or min_rank_agreement")
+        if max_gap is None and min_rank_agreement is None and max_grader_failure_rate is None:
+            raise ValueError("ExploitationGuard needs max_gap, min_rank_agreement and/or max_grader_failure_rate")
         anchor = find_layer(env, (AnchorWrapper, VectorAnchorWrapper))
         if anchor is None:
             raise TypeError("ExploitationGuard needs an AnchorWrapper in the stack (the monitor reads anchor groups)")
         self.anchor: Any = anchor
         self.max_gap: float | None = max_gap
         self.min_rank_agreement: float | None = min_rank_agreement
+        self.max_grader_failure_rate: float | None = max_grader_failure_rate
         self.action: str = action
         self.factor: float = factor
         self.max_fraction: float = max_fraction
         self.window: int = window
         self._gaps: list[float] = []
         self._ranks: list[float] = []
+        self._failures: list[float] = []
         self.events: list[dict[str, Any]] = []
 
     def __call__(self, step: int, metrics: dict[str, Any]) -> bool:
@@ -235,13 +240,21 @@ class ExploitationGuard:
             self._gaps = (self._gaps + [float(metrics["monitor/gap"])])[-self.window :]
         if metrics.get("monitor/rank_agreement") is not None:
             self._ranks = (self._ranks + [float(metrics["monitor/rank_agreement"])])[-self.window :]
+        if metrics.get("monitor/grader_failure_rate") is not None:
+            self._failures = (self._failures + [float(metrics["monitor/grader_failure_rate"])])[-self.window :]
         gap = float(np.mean(self._gaps)) if self._gaps else None
         rank = float(np.mean(self._ranks)) if self._ranks else None
+        failures = float(np.mean(self._failures)) if self._failures else None
         breach = None
         if self.max_gap is not None and gap is not None and gap > self.max_gap:
             breach = f"calibrated world-model scores exceed real scores by {gap:.3f} on anchor groups (max_gap {self.max_gap})"
         elif self.min_rank_agreement is not None and rank is not None and rank < self.min_rank_agreement:
             breach = f"world-model rank agreement on anchor groups fell to {rank:.3f} (min_rank_agreement {self.min_rank_agreement})"
+        elif self.max_grader_failure_rate is not None and failures is not None and failures > self.max_grader_failure_rate:
+            breach = (
+                f"the real outcome of {failures:.0%} of anchor members is unknown (grader failures hide them from "
+                f"the gap; max_grader_failure_rate {self.max_grader_failure_rate})"
+            )
         if breach is None:
             return False
         scheduler = self.anchor.scheduler
@@ -255,7 +268,7 @@ class ExploitationGuard:
             scheduler.fraction = new
             self.events.append({"step": step, "action": "raise", "reason": breach, "fraction": new})
             print(f"step {step}: {breach}; anchor fraction {old:g} -> {new:g}", flush=True)
-            self._gaps, self._ranks = [], []  # judge the new fraction on fresh evidence
+            self._gaps, self._ranks, self._failures = [], [], []  # judge the new fraction on fresh evidence
         return False
 
 
