@@ -411,7 +411,8 @@ def test_byo_default_positive_class_is_reported(table, tmp_path):
     from wmrl_envs.autoresearch.byo import byo_notes, task_from_csv
 
     t = task_from_csv(table, "answer", root=tmp_path, task_id="d")
-    assert t.positive_class == "yes" and any("the minority class; --positive-class" in n for n in byo_notes(t))
+    note = "positive class: 'yes' (the conventional positive label 'yes'; --positive-class to change)"
+    assert t.positive_class == "yes" and any(note in n for n in byo_notes(t))
 
 
 def test_byo_large_table_is_sampled_with_a_note(table, tmp_path):

@@ -13,6 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from sandbox_helpers import SMALL, TEST_UIDS, _docker_executor, executor, local_executor  # noqa: F401
 
@@ -263,3 +264,105 @@ def test_docker_runs_get_a_uid_of_their_own(_docker_executor):  # noqa: F811
     results = ExecutorPool(_docker_executor, max_concurrent=3).map(jobs)
     uids = [int(r.stdout_tail) for r in results]
     assert len(set(uids)) == 3 and 65534 not in uids, uids
+
+
+# ------------------------------------------------------------------ bring your own table
+
+
+@pytest.fixture
+def byo_csv(tmp_path):
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    n = 400
+    df = pd.DataFrame(
+        {
+            "x": rng.normal(size=n),
+            "kind": rng.choice(["a", "b", "c"], n),
+            # the majority class is the positive one: a user asking "P(switch)" means "switch"
+            "switch": rng.choice(["switch", "stay"], n, p=[0.7, 0.3]),
+        }
+    )
+    df.loc[:59, "switch"] = None  # 15% of rows without a target
+    path = tmp_path / "commute.csv"
+    df.to_csv(path, index=False)
+    return path
+
+
+@pytest.mark.parametrize("task_id", ["..", ".", "../escape", "a/b", ".hidden", "-rf"])
+def test_byo_task_id_cannot_leave_the_root(byo_csv, tmp_path, task_id):
+    from wmrl_envs.autoresearch.byo import ByoError, task_from_csv
+
+    root = tmp_path / "root"
+    root.mkdir()
+    with pytest.raises(ByoError, match="task id .* is not allowed"):
+        task_from_csv(byo_csv, "switch", root=root, task_id=task_id)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["commute.csv", "root"]  # nothing written anywhere
+
+
+def test_byo_csv_named_dots_needs_a_task_id(byo_csv, tmp_path):
+    from wmrl_envs.autoresearch.byo import ByoError, task_from_csv
+    from wmrl_envs.autoresearch.cli import main
+
+    dots = tmp_path / "...csv"  # stem ".."
+    dots.write_bytes(byo_csv.read_bytes())
+    root = tmp_path / "root"
+    with pytest.raises(ByoError, match="pass --task-id"):
+        task_from_csv(dots, "switch", root=root)
+    assert main(["byo", str(dots), "--target", "switch", "--root", str(root), "--task-id", ".."]) == 2
+    assert not (tmp_path / "task.json").exists() and not (tmp_path / "private").exists()
+
+
+def test_write_task_refuses_an_escaping_id(tmp_path):
+    import pandas as pd
+
+    from wmrl_envs.autoresearch.tasks import write_task
+
+    df = pd.DataFrame({"x": [1.0, 2.0, 3.0], "y": [1.0, 2.0, 3.0]})
+    with pytest.raises(ValueError, match="not allowed"):
+        write_task(tmp_path / "r", "..", df, df, target="y", task_type="regression", metric="rmse",
+                   question="q", source="s", licence="l")  # fmt: skip
+
+
+def test_byo_refuses_too_many_columns_before_parsing(tmp_path):
+    from wmrl_envs.autoresearch.byo import ByoError, task_from_csv
+
+    wide = tmp_path / "wide.csv"
+    cols = 100_000
+    with open(wide, "w") as f:
+        f.write(",".join(f"c{i}" for i in range(cols)) + "\n")
+        for _ in range(50):
+            f.write(",".join(["1"] * cols) + "\n")
+    t0 = time.perf_counter()
+    with pytest.raises(ByoError, match="has 100000 columns; at most 2000"):
+        task_from_csv(wide, "c0", root=tmp_path / "r")
+    assert time.perf_counter() - t0 < 2.0  # before: 86 s and 868 MiB to parse it
+
+
+def test_byo_reports_dropped_rows_positive_class_and_limits(byo_csv, tmp_path, capsys):
+    from wmrl_envs.autoresearch.cli import main
+
+    root = tmp_path / "root"
+    assert main(["byo", str(byo_csv), "--target", "switch", "--root", str(root), "--time-limit", "90",
+                 "--memory-limit", "3G"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "60 of 400 rows (15%) have no 'switch' value and are dropped" in out
+    assert "positive class: 'switch' (the class named like the target; --positive-class to change)" in out
+    assert "each solution run gets 90 s and 3 GiB" in out
+    from wmrl_envs.autoresearch.tasks import get_task
+
+    task = get_task(root / "commute")
+    assert task.positive_class == "switch" and task.run_limits() == {"wall_seconds": 90.0, "memory_bytes": 3 << 30}
+
+
+def test_byo_rare_class_error_hints_at_metric_and_task_type(tmp_path):
+    import pandas as pd
+
+    from wmrl_envs.autoresearch.byo import ByoError, task_from_csv
+
+    rng = np.random.default_rng(1)
+    df = pd.DataFrame({"x": rng.normal(size=200), "children": rng.choice([0, 1, 2, 3], 200)})
+    df.loc[0, "children"] = 9  # one family with nine: a single-row class
+    df.to_csv(tmp_path / "fam.csv", index=False)
+    with pytest.raises(ByoError, match=r"class\(es\) \['9'\] have a single row.*--task-type regression"):
+        task_from_csv(tmp_path / "fam.csv", "children", root=tmp_path / "r")

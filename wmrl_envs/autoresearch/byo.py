@@ -13,19 +13,26 @@ The CSV is split (stratified for classification) into train and held-out rows; t
 held-out targets go to ``private/answers.csv``. Task type and metric are inferred when
 not given; a metric that fits only one task type implies that type (``rmse`` on a target
 with 5 distinct numbers is a regression). For binary tasks the positive class is
-``positive_class`` (default: the minority class) and is reported in
-:func:`byo_notes` (and logged). Tables above ``max_rows`` are sampled down (seeded) with a
-note; columns that look like row ids or that predict the target on their own are flagged.
+``positive_class``, by default the conventional one (``1``, ``yes``, ``true``, ... or the
+class named like the target; the minority class only when none is), and is reported in
+:func:`byo_notes` (and logged). Rows without a target are dropped and counted in a note.
+Tables above ``max_rows`` are sampled down (seeded) with a note; columns that look like row
+ids or that predict the target on their own are flagged. A CSV with more than
+``max_columns`` columns is refused from its header line, before it is parsed. Each run of
+a solution gets ``time_limit`` seconds and ``memory_limit`` bytes (default: scaled to the
+table by :func:`default_limits`).
 ``leaderboard=True`` executes the small reference pool; failed reference runs are
 counted with their reasons, and fewer than :data:`MIN_LEADERBOARD` valid entries is an
 error (a rank among 2 entries means nothing).
 
 Functions: :func:`task_from_csv`, :func:`task_from_frame`, :func:`infer_task_type`,
-:func:`resolve_task_type`, :func:`column_warnings`. Classes: :class:`ByoError`.
+:func:`resolve_task_type`, :func:`column_warnings`, :func:`default_limits`,
+:func:`default_positive_class`. Classes: :class:`ByoError`.
 """
 
 from __future__ import annotations
 
+import csv
 import logging
 import re
 from pathlib import Path
@@ -37,7 +44,7 @@ from sklearn.model_selection import train_test_split
 
 from wmrl_envs.autoresearch.metrics import METRICS_FOR_TYPE
 from wmrl_envs.autoresearch.procedural import default_task_cache
-from wmrl_envs.autoresearch.tasks import Task, write_task
+from wmrl_envs.autoresearch.tasks import DEFAULT_MEMORY_BYTES, DEFAULT_WALL_SECONDS, Task, check_task_id, write_task
 
 __all__ = [
     "task_from_csv",
@@ -50,6 +57,9 @@ __all__ = [
     "DEFAULT_METRIC",
     "MIN_LEADERBOARD",
     "DEFAULT_MAX_ROWS",
+    "DEFAULT_MAX_COLUMNS",
+    "default_limits",
+    "default_positive_class",
 ]
 
 log = logging.getLogger(__name__)
@@ -57,6 +67,13 @@ log = logging.getLogger(__name__)
 MIN_LEADERBOARD = 5
 #: Rows kept by default (a sample of larger tables; reference solutions must fit the run limits).
 DEFAULT_MAX_ROWS = 20_000
+#: Columns a BYO CSV may have (checked on the header line, before parsing: 10^6 columns
+#: would take minutes and GBs to parse).
+DEFAULT_MAX_COLUMNS = 2_000
+# The header line is read with this cap (a line longer than that is refused as such).
+_HEADER_BYTES = 4 << 20
+#: Class labels that conventionally name the positive class of a binary target (lowercase).
+POSITIVE_LABELS = ("1", "1.0", "yes", "y", "true", "t", "positive", "pos")
 
 
 class ByoError(ValueError):
@@ -116,6 +133,46 @@ def resolve_task_type(y: pd.Series, task_type: str | None, metric: str | None) -
     return infer_task_type(y)
 
 
+def default_positive_class(y: pd.Series) -> tuple[str, str]:
+    """``(class, why)``: the positive class a user most likely means for binary target ``y``.
+
+    The conventional label (``1``, ``yes``, ``true``, ...) if one class has it; else the class
+    named like the target (``switch`` for a target ``switch``); else the minority class.
+
+    >>> default_positive_class(pd.Series(["no", "yes", "no"], name="smoker"))
+    ('yes', "the conventional positive label 'yes'")
+    >>> default_positive_class(pd.Series(["stay", "switch", "switch"], name="switch"))
+    ('switch', 'the class named like the target')
+    >>> default_positive_class(pd.Series(["a", "b", "b"], name="kind"))
+    ('a', 'the minority class (no class is named like the target or a conventional positive label)')
+    """
+    labels = sorted(y.dropna().astype(str).unique())
+    lowered = {label.strip().lower(): label for label in labels}
+    for conventional in POSITIVE_LABELS:
+        if conventional in lowered:
+            return lowered[conventional], f"the conventional positive label {lowered[conventional]!r}"
+    name = str(y.name).strip().lower()
+    named = [label for low, label in lowered.items() if low == name]
+    if named:
+        return named[0], "the class named like the target"
+    minority = str(y.dropna().astype(str).value_counts().idxmin())
+    return minority, "the minority class (no class is named like the target or a conventional positive label)"
+
+
+def default_limits(n_rows: int, n_columns: int) -> dict[str, Any]:
+    """Run limits scaled to a table: the catalog's 60 s / 2 GiB up to 5,000 rows, then wall
+    time in proportion to the rows (capped at 600 s) and 4 GiB past 2 x 10^6 cells.
+
+    >>> default_limits(2500, 10)
+    {'wall_seconds': 60.0, 'memory_bytes': 2147483648}
+    >>> default_limits(20000, 12)
+    {'wall_seconds': 240.0, 'memory_bytes': 2147483648}
+    """
+    wall = min(600.0, DEFAULT_WALL_SECONDS * max(1.0, n_rows / 5000))
+    memory = DEFAULT_MEMORY_BYTES if n_rows * n_columns <= 2_000_000 else 2 * DEFAULT_MEMORY_BYTES
+    return {"wall_seconds": float(wall), "memory_bytes": int(memory)}
+
+
 def column_warnings(df: pd.DataFrame, target: str, id_column: str | None) -> list[str]:
     """Notes on columns that would make the task meaningless: id-like columns (every value
     distinct, so a model can only memorise them) and single columns that determine the
@@ -171,32 +228,60 @@ def task_from_frame(
     leaderboard: bool = False,
     executor: Any = None,
     max_rows: int | None = DEFAULT_MAX_ROWS,
+    time_limit: float | None = None,
+    memory_limit: int | None = None,
 ) -> Task:
     """Write a task from a DataFrame (see :func:`task_from_csv`); notes in :func:`byo_notes`."""
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", task_id):
-        raise ValueError(f"task_id may contain only letters, digits, '_', '.', '-'; got {task_id!r}")
+    root = Path(root) if root is not None else default_task_cache()
+    try:
+        check_task_id(task_id, root)
+    except ValueError as err:
+        raise ByoError(f"{err} (--task-id / task_id)") from None
+    for name, value in (("time_limit", time_limit), ("memory_limit", memory_limit)):
+        if value is not None and not value > 0:
+            raise ByoError(f"{name} must be positive, got {value!r}")
     if target not in df.columns:
         raise ValueError(f"target column {target!r} not in the CSV; columns: {list(df.columns)}")
     if id_column is not None and id_column not in df.columns:
         raise ValueError(f"id column {id_column!r} not in the CSV; columns: {list(df.columns)}")
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    df = df.dropna(subset=[target]).reset_index(drop=True)
     notes: list[str] = []
+    missing = int(df[target].isna().sum())
+    if missing:
+        notes.append(f"{missing} of {len(df)} rows ({missing / len(df):.0%}) have no {target!r} value and are dropped")
+        df = df.dropna(subset=[target]).reset_index(drop=True)
     if max_rows is not None and len(df) > max_rows:
         notes.append(f"the table has {len(df)} rows; a seeded sample of {max_rows} is used (max_rows / --max-rows)")
         df = df.sample(n=max_rows, random_state=seed).reset_index(drop=True)
     task_type = resolve_task_type(df[target], task_type, metric)
     metric = metric or DEFAULT_METRIC[task_type]
+    chosen_positive, why_positive = None, "as asked"
     if task_type == "binary":
         labels = sorted(df[target].astype(str).unique())
         if positive_class is not None and str(positive_class) not in labels:
             raise ByoError(f"positive class {positive_class!r} is not a value of {target!r}; values are {labels}")
+        chosen_positive = positive_class
+        if positive_class is None:
+            chosen_positive, why_positive = default_positive_class(df[target])
+            why_positive += "; --positive-class to change"
     notes += column_warnings(df, target, id_column)
-    stratify = df[target].astype(str) if task_type != "regression" else None
-    train, test = train_test_split(df, test_size=test_fraction, random_state=seed, stratify=stratify)
+    train, test = _split(df, target, task_type, metric, test_fraction, seed)
+    limits = default_limits(len(df), df.shape[1] - 1)
+    if time_limit is not None:
+        limits["wall_seconds"] = float(time_limit)
+    if memory_limit is not None:
+        limits["memory_bytes"] = int(memory_limit)
+    notes.append(
+        f"each solution run gets {limits['wall_seconds']:g} s and {limits['memory_bytes'] / 2**30:g} GiB"
+        + (
+            " (scaled to the table; --time-limit / --memory-limit to change)"
+            if None in (time_limit, memory_limit)
+            else ""
+        )
+    )
     task = write_task(
-        Path(root) if root is not None else default_task_cache(),
+        root,
         task_id,
         train.reset_index(drop=True),
         test.reset_index(drop=True),
@@ -208,12 +293,12 @@ def task_from_frame(
         source=source,
         licence=licence,
         origin="byo",
-        positive_class=positive_class,
+        positive_class=chosen_positive,
+        limits=limits,
     )
     if task.positive_class is not None:
-        how = "as asked" if positive_class is not None else "the minority class; --positive-class to change"
         notes.append(
-            f"positive class: {task.positive_class!r} ({how}); submissions give P({target} = {task.positive_class})"
+            f"positive class: {task.positive_class!r} ({why_positive}); submissions give P({target} = {task.positive_class})"
         )
     if leaderboard:
         notes += _build_leaderboard(task, executor)
@@ -221,6 +306,30 @@ def task_from_frame(
         log.warning("wmrl byo %s: %s", task_id, note)
     object.__setattr__(task, "_byo_notes", tuple(notes))
     return task
+
+
+def _split(
+    df: pd.DataFrame, target: str, task_type: str, metric: str, test_fraction: float, seed: int
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Train / held-out rows, stratified for classification; a class too rare to split is a
+    :class:`ByoError` with a hint (not scikit-learn's bare "least populated class" error)."""
+    if task_type == "regression":
+        return tuple(train_test_split(df, test_size=test_fraction, random_state=seed))  # type: ignore[return-value]
+    counts = df[target].astype(str).value_counts()
+    rare = counts[counts < 2]
+    if len(rare):
+        numeric = pd.api.types.is_numeric_dtype(df[target])
+        hint = (
+            f"if {target!r} is a quantity, pass --task-type regression (or --metric rmse)"
+            if numeric
+            else f"drop or merge the rare classes, or pass --metric / --task-type to say what {target!r} is"
+        )
+        raise ByoError(
+            f"{target!r} looks {task_type} ({len(counts)} classes, metric {metric}) but class(es) "
+            f"{list(rare.index[:5])} have a single row, too few to split into train and held-out: {hint}"
+        )
+    train, test = train_test_split(df, test_size=test_fraction, random_state=seed, stratify=df[target].astype(str))
+    return train, test
 
 
 def byo_notes(task: Task) -> tuple[str, ...]:
@@ -269,16 +378,35 @@ def task_from_csv(csv_path: str | Path, target: str, *, task_id: str | None = No
     ``metric``, ``task_type``, ``id_column`` (default: ids are assigned), ``test_fraction``
     (0.25), ``seed`` (0), ``question``, ``source``, ``licence``, ``positive_class``,
     ``leaderboard`` (False), ``executor``, ``max_rows`` (:data:`DEFAULT_MAX_ROWS`; ``None``
-    keeps every row).
+    keeps every row), ``max_columns`` (:data:`DEFAULT_MAX_COLUMNS`, checked before parsing),
+    ``time_limit`` / ``memory_limit`` (per solution run; default :func:`default_limits`).
     """
     path = Path(csv_path)
     if not path.is_file():
         raise FileNotFoundError(f"no CSV at {path}")
+    max_columns = kwargs.pop("max_columns", DEFAULT_MAX_COLUMNS)
+    _check_header(path, max_columns)
+    if task_id is None:
+        task_id = re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem)
+        try:
+            check_task_id(task_id)
+        except ValueError:
+            raise ByoError(f"cannot name a task after the file {path.name!r}; pass --task-id (task_id=)") from None
     df = pd.read_csv(path, low_memory=False)
-    return task_from_frame(
-        df,
-        target,
-        task_id=task_id or re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem),
-        source=kwargs.pop("source", f"user CSV {path.name}"),
-        **kwargs,
-    )
+    return task_from_frame(df, target, task_id=task_id, source=kwargs.pop("source", f"user CSV {path.name}"), **kwargs)
+
+
+def _check_header(path: Path, max_columns: int | None) -> None:
+    """Refuse a CSV whose header line has more than ``max_columns`` fields, reading only that line."""
+    if max_columns is None:
+        return
+    with open(path, newline="", errors="replace") as f:
+        line = f.readline(_HEADER_BYTES)
+    if len(line) >= _HEADER_BYTES and not line.endswith("\n"):
+        raise ByoError(
+            f"the header line of {path.name} is longer than {_HEADER_BYTES >> 20} MiB; "
+            f"at most {max_columns} columns are accepted (max_columns / --max-columns)"
+        )
+    n = len(next(csv.reader([line]), []))
+    if n > max_columns:
+        raise ByoError(f"{path.name} has {n} columns; at most {max_columns} are accepted (max_columns / --max-columns)")

@@ -17,7 +17,8 @@ Commands::
     wmrl-tasks byo CSV --target COL [--metric M] [--task-type T] [--id-column C]
         [--test-fraction F] [--task-id NAME] [--root DIR] [--leaderboard]
         [--positive-class C] [--max-rows N]     prints the chosen positive class and notes
-                                                (id-like / leaking columns, failed reference runs)
+        [--max-columns N] [--time-limit S]      (id-like / leaking columns, dropped rows,
+        [--memory-limit 4G]                     run limits, failed reference runs)
 
 ``--tier`` defaults to ``small`` (the 2,500-row catalog); ``all`` means both tiers.
 
@@ -179,7 +180,26 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--max-rows", type=int, default=None, help="sample larger tables down to this many rows (default 20000; 0: all)"
     )
+    b.add_argument(
+        "--max-columns", type=int, default=None, help="refuse wider CSVs, checked before parsing (default 2000)"
+    )
+    b.add_argument("--time-limit", type=float, help="seconds per solution run (default: scaled to the table)")
+    b.add_argument(
+        "--memory-limit", type=_bytes, help="memory per solution run, e.g. 4G or 512M (default: scaled to the table)"
+    )
     return p
+
+
+def _bytes(text: str) -> int:
+    """``4G`` / ``512M`` / ``65536`` -> bytes (binary units)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    value = text.strip().upper().removesuffix("IB").removesuffix("B")
+    try:
+        if value and value[-1] in units:
+            return int(float(value[:-1]) * units[value[-1]])
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4G, 512M or a number of bytes)") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -243,7 +263,7 @@ def _command(argv: Sequence[str] | None = None) -> int:
             t = generate_task(seed, args.root, leaderboard=args.leaderboard)
             print(f"wrote {t.root} ({t.task_type}, {t.metric})")
     elif args.cmd == "byo":
-        from wmrl_envs.autoresearch.byo import DEFAULT_MAX_ROWS, ByoError, byo_notes, task_from_csv
+        from wmrl_envs.autoresearch.byo import DEFAULT_MAX_COLUMNS, DEFAULT_MAX_ROWS, ByoError, byo_notes, task_from_csv
 
         max_rows = DEFAULT_MAX_ROWS if args.max_rows is None else (args.max_rows or None)
         logging.getLogger("wmrl_envs.autoresearch.byo").setLevel(logging.ERROR)  # notes are printed below
@@ -261,6 +281,9 @@ def _command(argv: Sequence[str] | None = None) -> int:
                 leaderboard=args.leaderboard,
                 positive_class=args.positive_class,
                 max_rows=max_rows,
+                max_columns=args.max_columns or DEFAULT_MAX_COLUMNS,
+                time_limit=args.time_limit,
+                memory_limit=args.memory_limit,
             )
         except (ByoError, FileNotFoundError) as err:
             print(f"wmrl-tasks byo: {err}", file=sys.stderr)

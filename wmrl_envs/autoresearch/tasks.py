@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -47,6 +48,7 @@ __all__ = [
     "TASK_TYPES",
     "SUBMISSION_FORMATS",
     "write_task",
+    "check_task_id",
     "protect_private",
     "load_task",
     "catalog_root",
@@ -339,6 +341,34 @@ def _description(task: Task) -> str:
     ) + (f"\nColumns removed when the task was built:{dropped}\n" if dropped else "")
 
 
+_TASK_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
+def check_task_id(task_id: str, root: str | Path | None = None) -> str:
+    """``task_id`` if it names one directory directly under ``root``, else ``ValueError``.
+
+    Letters, digits, ``_``, ``.``, ``-``, not starting with ``.`` or ``-`` (so never ``.``,
+    ``..`` or a hidden file), at most 128 characters, no path separator.
+
+    >>> check_task_id("houses_v2")
+    'houses_v2'
+    >>> check_task_id("..")
+    Traceback (most recent call last):
+    ...
+    ValueError: task id '..' is not allowed: use letters, digits, '_', '.', '-' (not starting with '.' or '-'; at most 128 characters)
+    """
+    if not isinstance(task_id, str) or not _TASK_ID.fullmatch(task_id):
+        raise ValueError(
+            f"task id {task_id!r} is not allowed: use letters, digits, '_', '.', '-' "
+            "(not starting with '.' or '-'; at most 128 characters)"
+        )
+    if root is not None:
+        base = Path(root).resolve()
+        if (base / task_id).resolve().parent != base:
+            raise ValueError(f"task id {task_id!r} would leave the task root {str(base)!r}")
+    return task_id
+
+
 def write_task(
     root: str | Path,
     task_id: str,
@@ -367,6 +397,7 @@ def write_task(
     only. Class labels are written as strings; for binary tasks ``positive_class`` (default:
     the minority class) becomes ``classes[1]``. ``tier`` and ``limits``: see :class:`Task`.
     """
+    check_task_id(task_id, root)
     if tier not in (None, *TIERS):
         raise ValueError(f"tier must be one of {TIERS} or None, got {tier!r}")
     if limits is not None:
