@@ -63,7 +63,8 @@ class LeaderboardConfig:
         max_new_tokens: tokens sampled per turn by LLM agents.
         temperature: sampling temperature of LLM agents.
         strong_plan: the plan of ``strong-baseline`` (key: value lines, see PlanScaffold).
-        wall_seconds: time limit of one solution run.
+        wall_seconds: time limit of one solution run (none = each task's own: 60 s for small-tier
+            tasks, 120 s for full-tier ones, what ``wmrl-tasks byo`` chose for a task of your own).
     """
 
     agents: tuple[str, ...] = BUILTIN_AGENTS
@@ -77,7 +78,7 @@ class LeaderboardConfig:
     max_new_tokens: int = 64
     temperature: float = 1.0
     strong_plan: str = "model: gradient_boosting\nn_estimators: 200\nlearning_rate: 0.05\nmax_depth: 6"
-    wall_seconds: float = 60.0
+    wall_seconds: float | None = None
 
     def __post_init__(self) -> None:
         for agent in self.agents:
@@ -123,17 +124,37 @@ def _held_out_tasks(config: LeaderboardConfig) -> list[str]:
     import wmrl_envs  # noqa: F401  (registers the env ids)
 
     tasks = task_split("test", config.tasks, config.max_tasks)
-    missing = [t for t in tasks if f"wmrl/AutoResearch-{t}-v0" not in gym.registry]
+    missing = [t for t in tasks if _env_id(t) not in gym.registry and not _is_task_dir(t)]
     if missing:
-        raise ValueError(f"held-out tasks without a registered env: {missing}")
+        raise ValueError(
+            f"held-out tasks without a registered env: {missing}; pass a catalog test-split id or a task "
+            "directory (one with a task.json, e.g. written by `wmrl-tasks byo`)"
+        )
     return tasks
+
+
+def _env_id(task: str) -> str:
+    return f"wmrl/AutoResearch-{task}-v0"
+
+
+def _is_task_dir(task: str) -> bool:
+    return (Path(task) / "task.json").is_file()
+
+
+def _make_env(task: str, **kwargs: Any) -> Any:
+    """The task's registered env, or for a task directory (e.g. bring-your-own) the generic
+    env fixed to it."""
+    import gymnasium as gym
+
+    if _is_task_dir(task):
+        return gym.make("wmrl/AutoResearch-v0", task=task, **kwargs)
+    return gym.make(_env_id(task), **kwargs)
 
 
 def _script_agent(
     config: LeaderboardConfig, tasks: Sequence[str], seed: int, choose: Callable[[Any, np.random.Generator], str]
 ) -> list[Any]:
     """``k`` episodes per task through each task's registered env, actions from ``choose(spec, rng)``."""
-    import gymnasium as gym
 
     from agents.llm.evaluate import task_score
     from agents.llm.scaffolds import TaskSpec
@@ -141,7 +162,7 @@ def _script_agent(
     rng = np.random.default_rng(seed)
     scores = []
     for task in tasks:
-        env = gym.make(f"wmrl/AutoResearch-{task}-v0", max_turns=config.max_turns, wall_seconds=config.wall_seconds)
+        env = _make_env(task, max_turns=config.max_turns, wall_seconds=config.wall_seconds)
         trajectories, rewards = [], []
         try:
             for sample in range(config.k):

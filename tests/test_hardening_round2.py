@@ -366,3 +366,16 @@ def test_byo_rare_class_error_hints_at_metric_and_task_type(tmp_path):
     df.to_csv(tmp_path / "fam.csv", index=False)
     with pytest.raises(ByoError, match=r"class\(es\) \['9'\] have a single row.*--task-type regression"):
         task_from_csv(tmp_path / "fam.csv", "children", root=tmp_path / "r")
+
+
+def test_leaderboard_takes_a_byo_task_directory(byo_csv, tmp_path):
+    from benchmarks.leaderboard import LeaderboardConfig, run
+    from wmrl_envs.autoresearch.byo import task_from_csv
+
+    task = task_from_csv(byo_csv, "switch", root=tmp_path / "root")
+    config = LeaderboardConfig(agents=("strong-baseline",), k=1, tasks=(str(task.root),))
+    (tmp_path / "run").mkdir()
+    result = run(config, tmp_path / "run", progress=False)  # before: "held-out tasks without a registered env"
+    assert (tmp_path / "run" / "results.json").is_file()
+    row = result["summary"][0]
+    assert row["agent"] == "strong-baseline" and row["valid_rate"] == 1.0

@@ -250,7 +250,11 @@ class ExploitationGuard:
             breach = f"calibrated world-model scores exceed real scores by {gap:.3f} on anchor groups (max_gap {self.max_gap})"
         elif self.min_rank_agreement is not None and rank is not None and rank < self.min_rank_agreement:
             breach = f"world-model rank agreement on anchor groups fell to {rank:.3f} (min_rank_agreement {self.min_rank_agreement})"
-        elif self.max_grader_failure_rate is not None and failures is not None and failures > self.max_grader_failure_rate:
+        elif (
+            self.max_grader_failure_rate is not None
+            and failures is not None
+            and failures > self.max_grader_failure_rate
+        ):
             breach = (
                 f"the real outcome of {failures:.0%} of anchor members is unknown (grader failures hide them from "
                 f"the gap; max_grader_failure_rate {self.max_grader_failure_rate})"

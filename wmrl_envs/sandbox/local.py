@@ -57,6 +57,7 @@ import os
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -97,6 +98,10 @@ log = logging.getLogger(__name__)
 # monitor when sandboxed), added to Limits.max_processes so the script gets its full allowance.
 # The run's cgroup holds all but the launcher.
 _OVERHEAD_PROCS = {True: 2, False: 1}
+
+#: Files of the sandbox's own /proc that still describe the host (the kernel command line,
+#: the boot id, the host's load and uptime): masked with an empty file.
+HOST_INFO_FILES = ("/proc/cmdline", "/proc/sys/kernel/random/boot_id", "/proc/loadavg", "/proc/uptime")
 
 #: Host paths visible (read-only) inside the sandbox besides /usr; missing ones are skipped.
 DEFAULT_RO_PATHS = (
@@ -172,6 +177,24 @@ class LocalConfig:
             raise ValueError(f"LocalConfig.uid_count must be a positive int, got {self.uid_count!r}")
 
 
+def _empty_file(directory: str = "/run/wmrl-sandbox-public") -> str | None:
+    """A root-owned, empty, world-readable file to mask host files with (a device node such as
+    ``/dev/null`` cannot be bound into the sandbox's ``/proc``); ``None`` where it cannot be made."""
+    path = os.path.join(directory, "empty")
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        st = os.lstat(path) if os.path.lexists(path) else None
+        if st is None or st.st_uid != 0 or st.st_size != 0 or not stat.S_ISREG(st.st_mode):
+            tmp = tempfile.mkstemp(dir=directory)
+            os.close(tmp[0])
+            os.chmod(tmp[1], 0o444)
+            os.replace(tmp[1], path)
+        return path
+    except OSError as e:
+        log.warning("wmrl sandbox: cannot make %s (%s); host files in /proc stay visible", path, e)
+        return None
+
+
 def _check_traversable(path: str) -> None:
     """bwrap binds the work dir as the sandbox uid, which must be able to walk down to it."""
     p = Path(path).resolve()
@@ -213,6 +236,7 @@ class LocalExecutor:
             if self.config.cgroups:
                 _cgroup.sweep_stale()
         self._runtime = self._runtime_mounts()
+        self._empty_file = _empty_file() if self._is_root else None
         self._disable_userns = self.config.disable_userns
         self._bwrap, problem = self._probe_bwrap()
         if self._bwrap is None and self._disable_userns and problem and "disable-userns" in problem:
@@ -339,7 +363,11 @@ class LocalExecutor:
             args += ["--ro-bind-try", path, path]
         for path in self._masks():
             args += ["--perms", "0555", "--size", "4096", "--tmpfs", path, "--remount-ro", path]
-        return args + ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--proc", "/proc"]
+        if self._empty_file is not None:  # facts about the host a solution has no business reading
+            for path in HOST_INFO_FILES:
+                args += ["--ro-bind", self._empty_file, path]
+        return args + ["--dev", "/dev"]
 
     def _rlimits(self, limits: Limits) -> dict[str, tuple[int, int]]:
         """``RLIMIT_*`` name -> (soft, hard), equal: the script cannot raise them. (SIGXCPU
