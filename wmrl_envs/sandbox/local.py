@@ -250,7 +250,9 @@ class LocalExecutor:
             lost = (
                 "NETWORK isolation (the script can open connections), FILESYSTEM isolation "
                 "(it can read every world-readable host file and write wherever its uid may, "
-                "e.g. /tmp), PID isolation (processes that leave the process group escape the kill)"
+                "e.g. /tmp), HIDDEN ANSWERS outside this process (only the private/ dirs of tasks "
+                "loaded here are made root-only; another checkout's or cache's answers stay readable), "
+                "PID isolation (processes that leave the process group escape the kill)"
             )
             if not unsafe:
                 raise SandboxUnavailable(
