@@ -57,10 +57,14 @@ def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
     assert head["reach_ratio"] is not None or head["note"]
     assert head["ideal_ratio"] is None or head["ideal_ratio"] > 0
     assert "cost-to-reach ratio" in markdown and "ideal ratio" in markdown
-    # max_gap 0 with action "raise": any positive gap on an anchor group raises the fraction.
+    # max_gap 0 with action "raise": a positive gap, smoothed over the guard's window (4 steps
+    # with anchor groups), raises the fraction; the first such step alone decides the first window.
     events = result["guard_events"]["wmrl-seed0"]
     gaps = [h["monitor/gap"] for h in result["histories"]["wmrl-seed0"] if h.get("monitor/gap") is not None]
-    assert bool(events) == any(g > 0 for g in gaps)
+    if events:
+        assert any(g > 0 for g in gaps) and all("exceed real scores" in e["reason"] for e in events)
+    if gaps and gaps[0] > 0:
+        assert events
 
 
 def test_cost_to_reach_and_headline():
