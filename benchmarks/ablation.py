@@ -95,12 +95,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from agents.grpo import group_advantages, grpo_loss
-from agents.llm.diagnostics import CorrectionsIdleWarning, anchors_per_step, corrections_budget
+from agents.grpo.diagnostics import CorrectionsIdleWarning
 from agents.llm.loading import load_world_model
 from benchmarks.common import save_figure, summarize_seeds
 from benchmarks.report import machine_summary, markdown_table, write_results
 from wmrl_envs.config_cli import config_to_dict
 from wrappers import AnchorScheduler, CalibrationConfig, Calibrator
+from wrappers.handle import anchors_per_step, corrections_budget
 
 __all__ = [
     "AblationConfig",

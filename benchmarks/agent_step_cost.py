@@ -48,9 +48,10 @@ def _median(xs: Sequence[float]) -> float | None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from agents.grpo import train
     from agents.llm.loading import load_policy
     from agents.llm.scaffolds import PlanScaffold
-    from agents.llm.trainer import GRPOConfig, train
+    from agents.llm.trainer import GRPOConfig, LLMAgent
 
     t0 = time.perf_counter()
     policy = load_policy(args.policy)
@@ -67,7 +68,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             micro_batch_size=args.micro_batch_size,
             seed=args.seed,
         )
-        history = train(policy, env, PlanScaffold(), config, tasks=TASKS).history[1:]  # step 1 warms caches up
+        history = train(LLMAgent(policy, env, PlanScaffold(), config, tasks=TASKS)).history[
+            1:
+        ]  # step 1 warms caches up
         env.close()
         raw[kind] = history
         row: dict[str, Any] = {"stack": kind, "steps": len(history)}

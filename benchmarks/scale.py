@@ -202,9 +202,10 @@ def libero_throughput(config: ScaleConfig) -> dict[str, Any]:
 def anchor_overlap(config: ScaleConfig, progress: bool = False) -> dict[str, Any]:
     """Per-step wall and the anchors' critical-path share, synchronous vs overlapped."""
     import wmrl_envs  # noqa: F401
+    from agents.grpo import train
     from agents.llm.loading import load_policy, load_world_model
     from agents.llm.scaffolds import PlanScaffold
-    from agents.llm.trainer import GRPOConfig, train
+    from agents.llm.trainer import GRPOConfig, LLMAgent
     from wmrl_envs.autoresearch.tasks import list_catalog
     from wmrl_envs.vector import make_vector_env
     from wrappers import build_stack
@@ -224,7 +225,7 @@ def anchor_overlap(config: ScaleConfig, progress: bool = False) -> dict[str, Any
             total_steps=config.anchor_steps + 1, max_new_tokens=config.max_new_tokens, seed=config.seed,
             progress=progress,
         )  # fmt: skip
-        steps = train(policy, stack, PlanScaffold(), grpo, tasks=tasks).history[1:]  # step 1 warms caches up
+        steps = train(LLMAgent(policy, stack, PlanScaffold(), grpo, tasks=tasks)).history[1:]  # step 1 warms caches up
         stack.close()
         history["overlap" if overlap else "sync"] = steps
         wall = [h["time/step_wall"] for h in steps]

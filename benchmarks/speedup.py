@@ -5,7 +5,7 @@
 * ``wmrl``: world model + anchor groups + Online Debiasing + Inverse-Variance Denoising.
 
 Every arm starts from the same initial weights and trains with
-:func:`agents.llm.trainer.train` until it has spent ``budget_cpu_s`` CPU-seconds (this process
+:func:`agents.grpo.train` until it has spent ``budget_cpu_s`` CPU-seconds (this process
 plus its sandbox children; wall-clock is reported too). Whenever an arm's spent cost crosses one
 of ``eval_fractions`` of the budget, the policy is scored on the tier's held-out tasks by real
 execution (avg@k); evaluation is untimed: its CPU and wall are subtracted from the arm's cost.
@@ -29,7 +29,7 @@ WMRL over real: the speedup if a WMRL step were worth a real one).
 The WMRL arm also logs the world-model exploitation monitor (:mod:`wrappers.monitor`): the gap
 between calibrated world-model and real scores on anchor groups, and their within-group rank
 agreement, over training (``monitor.png``); ``monitor_max_gap`` lets
-:class:`~agents.llm.trainer.ExploitationGuard` raise the anchor fraction or stop.
+:class:`~agents.grpo.ExploitationGuard` raise the anchor fraction or stop.
 
 Classes: :class:`SpeedupConfig`. Functions: :func:`run`, :func:`cost_to_reach`,
 :func:`headline`, :func:`tables`.
@@ -388,8 +388,9 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
     ``heldout_vs_cost.png`` and ``monitor.png`` into ``run_dir``."""
     import torch
 
+    from agents.grpo import ExploitationGuard, train
     from agents.llm.scaffolds import make_scaffold
-    from agents.llm.trainer import ExploitationGuard, GRPOConfig, train
+    from agents.llm.trainer import GRPOConfig, LLMAgent
     from wmrl_envs.autoresearch.tasks import list_catalog
 
     torch.set_num_threads(config.threads)
@@ -450,7 +451,7 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
                 micro_batch_size=config.micro_batch_size, seed=seed, progress=False, tensorboard=False,
             )  # fmt: skip
             try:
-                history = train(policy, stack, scaffold, grpo, tasks=train_tasks, callbacks=callbacks).history
+                history = train(LLMAgent(policy, stack, scaffold, grpo, tasks=train_tasks), callbacks=callbacks).history
             finally:
                 stack.close()
             if budget.pending:  # stopped early (guard): the remaining points are the final state

@@ -209,24 +209,27 @@ def test_update_raises_logprob_of_positive_advantage_and_lowers_negative(tiny):
 
 
 def test_checkpoint_round_trip_restores_weights_optimizer_and_rng(tmp_path):
+    from agents.grpo import load_checkpoint, save_checkpoint
     from agents.llm.policy import LLMPolicy
-    from agents.llm.trainer import load_checkpoint, save_checkpoint
+    from agents.llm.trainer import LLMAgent
 
     a = LLMPolicy.tiny(seed=1, num_layers=1, hidden_size=32)
     opt = torch.optim.AdamW(a.trainable_parameters(), lr=1e-3)
     a.model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
     opt.step()
     torch.manual_seed(123)
-    save_checkpoint(tmp_path / "ck", a, opt, env=None, step=7, extra={"note": "x"})
+    save_checkpoint(tmp_path / "ck", LLMAgent(a, None, None, tasks=["t"]), opt, step=7, extra={"note": "x"})
     expected_draw = torch.rand(3)
     b = LLMPolicy.tiny(seed=2, num_layers=1, hidden_size=32)
     opt_b = torch.optim.AdamW(b.trainable_parameters(), lr=1e-3)
-    meta = load_checkpoint(tmp_path / "ck", b, opt_b, env=None)
+    meta = load_checkpoint(tmp_path / "ck", LLMAgent(b, None, None, tasks=["t"]), opt_b)
     assert meta["step"] == 7 and meta["note"] == "x"
     assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
     assert opt_b.state_dict()["state"][0]["step"] == 1
     assert torch.equal(torch.rand(3), expected_draw)
-    save_checkpoint(tmp_path / "ck", a, opt, env=None, step=8, extra={})  # overwrite keeps one valid checkpoint
+    save_checkpoint(
+        tmp_path / "ck", LLMAgent(a, None, None, tasks=["t"]), opt, step=8, extra={}
+    )  # overwrite keeps one valid checkpoint
     assert json.loads((tmp_path / "ck/trainer.json").read_text())["step"] == 8 and not (tmp_path / "ck.old").exists()
 
 
@@ -314,6 +317,7 @@ def test_train_reads_the_anchor_weight_after_the_rollout(monkeypatch):
     from wrapper_toys import SyntheticWorldModel, ToySeamEnv
 
     import agents.llm.trainer as trainer
+    from agents.grpo import train
     from agents.llm.rollout import Episode
     from wrappers import AnchorWrapper, CalibrationWrapper, WorldModelWrapper
 
@@ -338,7 +342,7 @@ def test_train_reads_the_anchor_weight_after_the_rollout(monkeypatch):
     monkeypatch.setattr(trainer, "_update", lambda policy, opt, eps, adv, config: updates.append(adv) or {})
     policy = SimpleNamespace(trainable_parameters=lambda: [torch.nn.Parameter(torch.zeros(1))])
     config = trainer.GRPOConfig(groups_per_step=2, group_size=2, total_steps=1, progress=False, tensorboard=False)
-    result = trainer.train(policy, env, scaffold=None, config=config, tasks=["t"])
+    result = train(trainer.LLMAgent(policy, env, None, config, tasks=["t"]))
     assert result.history[0]["anchor/weight"] == 3.0
     assert updates[0][:2] == pytest.approx([-3.0, 3.0], rel=1e-4) and updates[0][2:] == pytest.approx(
         [-1.0, 1.0], rel=1e-4

@@ -10,9 +10,11 @@ import torch
 pytest.importorskip("transformers")
 
 import wmrl_envs  # noqa: F401  (registers the env ids)
+from agents.grpo import train
 from agents.llm.policy import LLMPolicy
 from agents.llm.scaffolds import PlanScaffold
-from agents.llm.trainer import GRPOConfig, train, warm_start
+from agents.llm.trainer import GRPOConfig, LLMAgent
+from agents.llm.warm_start import warm_start
 from wmrl_envs.vector import make_vector_env
 from wmrl_envs.world_models import CodeOutcomeModel
 from wrappers import (
@@ -88,7 +90,7 @@ def test_wmrl_training_through_full_stack_executes_only_anchor_groups(policy, tm
         progress=False,
     )
     before = [p.detach().clone() for p in policy.trainable_parameters()]
-    result = train(policy, env, PlanScaffold(), config, tasks=TASKS)
+    result = train(LLMAgent(policy, env, PlanScaffold(), config, tasks=TASKS))
     assert [h["step"] for h in result.history] == [1, 2]
 
     wm = env.env.env  # VectorWorldModelWrapper
@@ -117,11 +119,7 @@ def test_wmrl_training_through_full_stack_executes_only_anchor_groups(policy, tm
     pairs_before = len(env.debiaser.pairs)
     resumed_env = _stack(fraction=0.34)
     resumed = train(
-        policy,
-        resumed_env,
-        PlanScaffold(),
-        GRPOConfig(**{**config.__dict__, "total_steps": 3}),
-        tasks=TASKS,
+        LLMAgent(policy, resumed_env, PlanScaffold(), GRPOConfig(**{**config.__dict__, "total_steps": 3}), tasks=TASKS),
         resume=True,
     )
     assert [h["step"] for h in resumed.history] == [3]

@@ -9,7 +9,7 @@ from wrappers import build_stack
 from wrappers.monitor import anchor_group_stats
 
 pytest.importorskip("torch")
-from agents.llm.trainer import ExploitationGuard  # noqa: E402
+from agents.grpo import ExploitationGuard  # noqa: E402
 
 
 def test_anchor_group_stats_reads_only_anchor_groups_and_known_scores():
@@ -59,13 +59,14 @@ def stack():
 
 def test_guard_raises_the_anchor_fraction_on_a_smoothed_gap(stack, capsys):
     guard = ExploitationGuard(stack, max_gap=0.2, action="raise", factor=2.0, max_fraction=0.3, window=2)
-    scheduler = guard.anchor.scheduler
-    assert guard(1, {"monitor/gap": 0.3}) is False and scheduler.fraction == pytest.approx(0.2)
+    assert guard(1, {"monitor/gap": 0.3}) is False and guard.handle.anchor_fraction == pytest.approx(0.2)
     assert "anchor fraction 0.1 -> 0.2" in capsys.readouterr().out
-    assert guard(2, {"monitor/gap": 0.1}) is False and scheduler.fraction == pytest.approx(
+    assert guard(2, {"monitor/gap": 0.1}) is False and guard.handle.anchor_fraction == pytest.approx(
         0.2
     )  # fresh window: 0.1 < 0.2
-    assert guard(3, {"monitor/gap": 0.5}) is False and scheduler.fraction == pytest.approx(0.3)  # mean 0.3, capped
+    assert guard(3, {"monitor/gap": 0.5}) is False and guard.handle.anchor_fraction == pytest.approx(
+        0.3
+    )  # mean 0.3, capped
     assert guard(4, {"monitor/gap": None}) is False  # steps without anchor groups change nothing
     assert [e["fraction"] for e in guard.events] == [pytest.approx(0.2), pytest.approx(0.3)]
 

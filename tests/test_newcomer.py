@@ -12,14 +12,9 @@ import torch
 
 import agents.llm.__main__ as cli
 import agents.llm.loading as loading
+from agents.grpo.diagnostics import CorrectionsIdleWarning, NoLearningSignalWarning, SignalWatch
 from agents.llm.checks import UsageError, check_policy, check_tasks, resolve_checkpoint
-from agents.llm.diagnostics import (
-    CorrectionsIdleWarning,
-    NoLearningSignalWarning,
-    SignalWatch,
-    anchors_per_step,
-    corrections_budget,
-)
+from wrappers.handle import anchors_per_step, corrections_budget
 
 
 # ------------------------------------------------------------------ CLI: one line, before loading
@@ -85,8 +80,9 @@ def test_task_checks_accept_the_right_split_and_any_tier():
 
 # ------------------------------------------------------------------ warnings for runs that cannot learn
 def _fake_train(monkeypatch, env, rewards_per_group, *, total_steps=3, patience=3, groups=2, size=2, **kw):
-    """Run trainer.train with a rollout that returns the given rewards (no model, no env steps)."""
+    """Run the GRPO loop with a rollout that returns the given rewards (no model, no env steps)."""
     import agents.llm.trainer as trainer
+    from agents.grpo import train
     from agents.llm.rollout import Episode
 
     class FixedRollout:
@@ -108,7 +104,7 @@ def _fake_train(monkeypatch, env, rewards_per_group, *, total_steps=3, patience=
         groups_per_step=groups, group_size=size, total_steps=total_steps, progress=False, tensorboard=False,
         no_signal_patience=patience, **kw,
     )  # fmt: skip
-    return trainer.train(policy, env, scaffold=None, config=config, tasks=["t"])
+    return train(trainer.LLMAgent(policy, env, None, config, tasks=["t"]))
 
 
 def test_no_learning_signal_warns_with_the_reason_and_the_remedy(monkeypatch):
@@ -206,20 +202,23 @@ def test_evaluate_takes_a_run_directory_and_reuses_the_saved_policy(tmp_path, ca
 def test_checkpoint_records_its_setup_and_refuses_another_policy_or_stack(tmp_path):
     from wrapper_toys import SyntheticWorldModel, ToySeamEnv
 
+    from agents.grpo import load_checkpoint, save_checkpoint
     from agents.llm.policy import LLMPolicy
-    from agents.llm.trainer import load_checkpoint, save_checkpoint
+    from agents.llm.trainer import LLMAgent
     from wrappers import WorldModelWrapper
 
     a = LLMPolicy.tiny(seed=1, num_layers=1, hidden_size=32)
     opt = torch.optim.AdamW(a.trainable_parameters(), lr=1e-3)
-    save_checkpoint(tmp_path / "ck", a, opt, env=None, step=2, extra={"setup": {"policy": "tiny"}})
+    save_checkpoint(
+        tmp_path / "ck", LLMAgent(a, None, None, tasks=["t"]), opt, step=2, extra={"setup": {"policy": "tiny"}}
+    )
     assert json.loads((tmp_path / "ck/trainer.json").read_text())["setup"] == {"policy": "tiny"}
     other = LLMPolicy.tiny(seed=1, num_layers=2, hidden_size=32)
     with pytest.raises(ValueError, match="holds another policy's weights .*--policy and --lora it was trained with"):
-        load_checkpoint(tmp_path / "ck", other, None, env=None)
+        load_checkpoint(tmp_path / "ck", LLMAgent(other, None, None, tasks=["t"]), None)
     wm_env = WorldModelWrapper(ToySeamEnv(), SyntheticWorldModel())
     with pytest.raises(ValueError, match="saved from a bare env but this env is a world-model stack"):
-        load_checkpoint(tmp_path / "ck", a, None, env=wm_env)
+        load_checkpoint(tmp_path / "ck", LLMAgent(a, wm_env, None, tasks=["t"]), None)
 
 
 # ------------------------------------------------------------------ benchmarks: checks, warnings, help, plots

@@ -12,14 +12,14 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from agents.grpo import group_advantages
+from agents.grpo import group_advantages, train
 from agents.vla.demos import DemoDataset, DemoEpisode
 from agents.vla.evaluate import RandomPolicy, evaluate_policy, success_metrics
 from agents.vla.model import MiniVLA, MiniVLAConfig, collate
 from agents.vla.rollout import run_group
 from agents.vla.sft import SFTConfig, train_sft
 from agents.vla.tokenizer import dataset_statistics
-from agents.vla.trainer import VLAGRPOConfig, train, update
+from agents.vla.trainer import VLAAgent, VLAGRPOConfig, update
 from wmrl_envs.outcome import Outcome
 from wmrl_envs.seam import GradingRequest, OutcomeSeam
 from wrappers import CalibrationConfig, build_stack
@@ -224,7 +224,7 @@ def test_grpo_through_each_stack_logs_costs_and_resumes(stats, stack, tmp_path):
         progress=False,
         learning_rate=1e-3,
     )
-    history = train(policy, env, config)
+    history = train(VLAAgent(policy, env, config)).history
     assert [h["step"] for h in history] == [1, 2]
     h = history[-1]
     for key in (
@@ -246,7 +246,9 @@ def test_grpo_through_each_stack_logs_costs_and_resumes(stats, stack, tmp_path):
     ckpt = tmp_path / stack / "checkpoint"
     assert (ckpt / "model.pt").is_file() and json.loads((ckpt / "trainer.json").read_text())["step"] == 2
     assert (ckpt / "wrappers.json").is_file()
-    more = train(MiniVLA.load(ckpt), env, VLAGRPOConfig(**{**config.__dict__, "total_steps": 3}), resume=True)
+    more = train(
+        VLAAgent(MiniVLA.load(ckpt), env, VLAGRPOConfig(**{**config.__dict__, "total_steps": 3})), resume=True
+    ).history
     assert [h["step"] for h in more] == [3]
 
 

@@ -15,6 +15,7 @@ Stack, outermost first (single env, or the ``Vector*`` forms on a ``VectorEnv``)
   :class:`OnlineDebiaser`, :class:`InverseVarianceWeighter`.
 * :func:`build_stack`: the one builder of the ``real`` / ``wm`` / ``wmrl`` stacks.
 * :func:`stack_state_dict` / :func:`load_stack_state_dict`: resume a whole stack.
+* :class:`StackHandle`: the one object a training loop uses to talk to a stack.
 * :func:`find_layer` / :func:`require_layer`: a wrapper of a given class in a stack.
 """
 
@@ -30,6 +31,7 @@ from wrappers.calibration import (
 )
 from wrappers.debiasing import OnlineDebiaser
 from wrappers.denoising import InverseVarianceWeighter
+from wrappers.handle import StackHandle
 from wrappers.scheduling import AnchorScheduler
 from wrappers.stack import STACKS, build_stack
 from wrappers.world_model import MODES, GradingCounters, VectorWorldModelWrapper, WorldModelWrapper
@@ -53,6 +55,7 @@ __all__ = [
     "load_stack_state_dict",
     "build_stack",
     "STACKS",
+    "StackHandle",
     "find_layer",
     "require_layer",
 ]

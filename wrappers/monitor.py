@@ -21,7 +21,7 @@ Per step, over the anchor groups that completed:
 The inputs are the ``group_result`` dicts the :class:`~wrappers.AnchorWrapper` reports
 (``anchor``, ``calibrated``, ``true``: per-member lists). Acting on the numbers (raising the
 anchor fraction, or stopping) is the trainer's business: see
-:class:`agents.llm.trainer.ExploitationGuard`.
+:class:`agents.grpo.ExploitationGuard`.
 
 Functions: :func:`anchor_group_stats`.
 

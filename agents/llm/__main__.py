@@ -272,9 +272,10 @@ def cmd_train(run: TrainRun, grpo: Any, calibration: Any, cfg: EvalConfig) -> in
     import torch
 
     import wmrl_envs  # noqa: F401  (registers the env ids)
+    from agents.grpo import train
     from agents.llm.loading import load_world_model, warm_start_plans
     from agents.llm.scaffolds import make_scaffold
-    from agents.llm.trainer import train
+    from agents.llm.trainer import LLMAgent
     from wmrl_envs.autoresearch.tasks import list_catalog
     from wmrl_envs.vector import make_vector_env
     from wrappers import build_stack
@@ -313,7 +314,7 @@ def cmd_train(run: TrainRun, grpo: Any, calibration: Any, cfg: EvalConfig) -> in
     )  # fmt: skip
     t0 = time.perf_counter()
     try:
-        result = train(policy, stack, scaffold, grpo, tasks=tasks, resume=True, run_info=setup)
+        result = train(LLMAgent(policy, stack, scaffold, grpo, tasks=tasks), resume=True, run_info=setup)
     finally:
         stack.close()
     ran = result.last_step - result.start_step

@@ -56,12 +56,12 @@ def warm_start_plans(
     seed: int = 0,
     scaffold: Any = None,
 ) -> list[float]:
-    """Supervised warm start (:func:`agents.llm.trainer.warm_start`) on
+    """Supervised warm start (:func:`agents.llm.warm_start.warm_start`) on
     :data:`WARM_START_REPLIES` over ``tasks`` (default: the catalog's train split), so a
     randomly initialised model writes plan-like text (valid, failing and malformed plans
     after sampling noise). Returns the loss per step."""
     from agents.llm.scaffolds import PlanScaffold, TaskSpec
-    from agents.llm.trainer import warm_start
+    from agents.llm.warm_start import warm_start
     from wmrl_envs.autoresearch.tasks import list_catalog
 
     specs = [TaskSpec.from_task(t) for t in (tasks or list_catalog("train"))]

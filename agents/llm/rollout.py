@@ -30,7 +30,7 @@ from agents.grpo import concat_segments
 from agents.llm.policy import LLMPolicy
 from agents.llm.scaffolds import Scaffold, TaskSpec
 from wmrl_envs.vector import sub_info
-from wrappers import AnchorWrapper, VectorAnchorWrapper, find_layer
+from wrappers import StackHandle
 
 __all__ = ["Episode", "PhaseTimer", "Rollout"]
 
@@ -149,9 +149,8 @@ class Rollout:
             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, batch_size=generation_batch_size
         )
         self.idle_action = idle_action
-        anchor = find_layer(env, (AnchorWrapper, VectorAnchorWrapper))
-        self.has_anchor = anchor is not None
-        self.overlap_layer = anchor if anchor is not None and anchor.overlap else None
+        self.stack = StackHandle(env)
+        self.has_anchor = self.stack.has_anchors
 
     # ----- env plumbing -------------------------------------------------------------
     def _reset(self, slots: Sequence[int], options: dict[str, Any]) -> list[tuple[Any, dict[str, Any]]]:
@@ -189,9 +188,9 @@ class Rollout:
         episodes: list[Episode] = []
         for start in range(0, len(groups), per_round):
             episodes.extend(self._round(groups[start : start + per_round], timer, seed))
-        if self.overlap_layer is not None:
+        if self.stack.overlaps_anchors:
             with timer.measure("real_grading"):  # the anchors' real runs still on the critical path
-                records = self.overlap_layer.collect(wait=True)
+                records = self.stack.collect_anchors(wait=True)
             self.land_anchor_rewards(episodes, records)
         return episodes
 

@@ -203,8 +203,9 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from agents.grpo import train
     from agents.vla.model import MiniVLA
-    from agents.vla.trainer import VLAGRPOConfig, train
+    from agents.vla.trainer import VLAAgent, VLAGRPOConfig
     from wrappers import STACKS, CalibrationConfig
 
     setup = build_config(TrainSetup, {}, args)
@@ -234,7 +235,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         image_size=config.image_size,
     )
     try:
-        history = train(policy, env, config, resume=True, run_info={"setup": config_to_dict(setup)})
+        history = train(VLAAgent(policy, env, config), resume=True, run_info={"setup": config_to_dict(setup)}).history
     finally:
         env.close()
     for row in history:

@@ -100,6 +100,11 @@ class VLAEpisode:
     steps: int = 0
     final_info: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def graded_steps(self) -> int:
+        """An episode asks for one grading, at its end."""
+        return 1
+
     def token_tensor(self) -> torch.Tensor:
         return torch.stack(self.tokens) if self.tokens else torch.zeros((0, 7), dtype=torch.long)
 
@@ -182,10 +187,10 @@ def run_group(
 
     Members run one after another on the one env (a LIBERO scene costs ~2 GB per copy).
     """
-    from wrappers import AnchorWrapper, find_layer
+    from wrappers import StackHandle
 
     options: dict[str, Any] = {"init_state": int(init_state), "group_id": group_id}
-    if find_layer(env, AnchorWrapper) is not None:  # the anchor layer consumes it; a bare env would refuse it
+    if StackHandle(env).has_anchors:  # the anchor layer consumes it; a bare env would refuse it
         options["group_size"] = int(group_size)
     return [
         run_episode(

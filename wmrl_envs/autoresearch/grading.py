@@ -443,7 +443,7 @@ def grading_context(
     ``limits``: the run's ``{"wall_seconds", "memory_bytes"}`` (default: the task's own,
     :meth:`~wmrl_envs.autoresearch.tasks.Task.run_limits`).
     """
-    from wmrl_envs.world_models.landmarks import task_landmarks
+    from wmrl_envs.autoresearch.landmarks import task_landmarks
 
     lim = task.run_limits()
     lim.update(limits or {})

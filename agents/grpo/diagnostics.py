@@ -10,11 +10,10 @@ Two ways a GRPO run does nothing while printing plausible numbers:
 * **Corrections that never engage.** WMRL's isotonic map fits only after ``start_pairs``
   anchor pairs, and the anchor weight stays 1.0 until then (with the default
   ``weighter_start``), so a run too short to collect them is the raw world model with a few
-  real executions. :func:`corrections_budget` says so before the run starts
-  (:class:`CorrectionsIdleWarning`).
+  real executions. :meth:`wrappers.StackHandle.corrections_idle` says so before the run
+  starts (the loop warns with :class:`CorrectionsIdleWarning`).
 
-Classes: :class:`NoLearningSignalWarning`, :class:`CorrectionsIdleWarning`,
-:class:`SignalWatch`. Functions: :func:`corrections_budget`, :func:`anchors_per_step`.
+Classes: :class:`NoLearningSignalWarning`, :class:`CorrectionsIdleWarning`, :class:`SignalWatch`.
 
 >>> watch = SignalWatch(patience=2)
 >>> flat = {"groups/used": 4, "groups/degenerate": 4, "groups/skipped": 0, "reward/malformed_rate": 1.0}
@@ -22,13 +21,10 @@ Classes: :class:`NoLearningSignalWarning`, :class:`CorrectionsIdleWarning`,
 True
 >>> print(watch.update(2, flat))  # doctest: +ELLIPSIS
 no group carried a learning signal in steps 1-2 (8 groups: 8 with identical rewards, 0 with < 2 graded members; replies 100% malformed, ...
->>> print(corrections_budget(start_pairs=200, pairs_seen=0, steps=3, anchors_per_step=1, group_size=4))  # doctest: +ELLIPSIS
-the corrections will not engage in this run: the first isotonic fit needs 200 anchor pairs (0 so far) ...
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,8 +32,6 @@ __all__ = [
     "NoLearningSignalWarning",
     "CorrectionsIdleWarning",
     "SignalWatch",
-    "corrections_budget",
-    "anchors_per_step",
 ]
 
 
@@ -108,31 +102,3 @@ class SignalWatch:
                 ". Most outcomes are unknown (grader or world-model failures): check the sandbox / world model"
             )
         return text + ": raise --temperature or --group-size so members of a group differ"
-
-
-def anchors_per_step(fraction: float, min_per_step: int, groups_per_step: int) -> float:
-    """Anchor groups an :class:`~wrappers.AnchorScheduler` picks per step, on average."""
-    if fraction <= 0:
-        return 0.0
-    return float(min(groups_per_step, max(min_per_step, fraction * groups_per_step)))
-
-
-def corrections_budget(
-    *, start_pairs: int, pairs_seen: int, steps: int, anchors_per_step: float, group_size: int
-) -> str | None:
-    """The warning text when ``steps`` more steps cannot bring the anchor pairs to
-    ``start_pairs`` (one pair per graded member of an anchor group), else ``None``."""
-    need = start_pairs - pairs_seen
-    if need <= 0:
-        return None
-    expected = steps * anchors_per_step * group_size
-    if expected >= need:
-        return None
-    steps_needed = math.ceil(need / (anchors_per_step * group_size)) if anchors_per_step > 0 else None
-    longer = f"about {steps_needed} steps at this anchor rate" if steps_needed else "anchors (anchor fraction > 0)"
-    return (
-        f"the corrections will not engage in this run: the first isotonic fit needs {start_pairs} anchor pairs "
-        f"({pairs_seen} so far) and {steps} steps x {anchors_per_step:g} anchor groups x {group_size} members give "
-        f"at most {expected:g}; until then the map is the identity and the anchor weight 1.0, so the run trains on "
-        f"raw world-model scores. Train for {longer}, raise the anchor fraction, or lower the calibration start_pairs"
-    )

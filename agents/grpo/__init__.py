@@ -1,0 +1,60 @@
+"""GRPO for every agent: the objective, the one training loop, and its run-health diagnostics.
+
+* :mod:`agents.grpo.objective` -- group advantages over graded members (anchor-weighted,
+  optional Dr.GRPO centring) and the clipped token-level loss (TRL's names).
+* :mod:`agents.grpo.loop` -- :class:`GRPOLoopConfig` (the settings every agent shares),
+  the :class:`GRPOAgent` protocol an agent implements (select / collect / update), and
+  :func:`train`, the loop; checkpoints of policy + optimiser + RNG + stack state; the
+  :class:`ExploitationGuard` callback.
+* :mod:`agents.grpo.diagnostics` -- warnings for runs that cannot learn.
+
+Agents: :class:`agents.llm.trainer.LLMAgent`, :class:`agents.vla.trainer.VLAAgent`.
+"""
+
+from agents.grpo.diagnostics import CorrectionsIdleWarning, NoLearningSignalWarning, SignalWatch
+from agents.grpo.loop import (
+    Callback,
+    Episode,
+    ExploitationGuard,
+    GRPOAgent,
+    GRPOLoopConfig,
+    TrainResult,
+    load_checkpoint,
+    save_checkpoint,
+    step_metrics,
+    train,
+)
+from agents.grpo.objective import (
+    LOSS_AGGREGATIONS,
+    AdvantageResult,
+    AdvantageStats,
+    LossAggregation,
+    LossOutput,
+    concat_segments,
+    group_advantages,
+    grpo_loss,
+)
+
+__all__ = [
+    "GRPOLoopConfig",
+    "GRPOAgent",
+    "Episode",
+    "TrainResult",
+    "Callback",
+    "ExploitationGuard",
+    "train",
+    "step_metrics",
+    "save_checkpoint",
+    "load_checkpoint",
+    "NoLearningSignalWarning",
+    "CorrectionsIdleWarning",
+    "SignalWatch",
+    "group_advantages",
+    "grpo_loss",
+    "concat_segments",
+    "AdvantageResult",
+    "AdvantageStats",
+    "LossOutput",
+    "LOSS_AGGREGATIONS",
+    "LossAggregation",
+]
