@@ -26,7 +26,7 @@ seconds per step, ``W`` the WMRL arm's world-model CPU per step and ``a`` its re
 real executions, ``ideal = (G + R + U + O) / (G + W + U + O + a R)`` (steps per CPU-second,
 WMRL over real: the speedup if a WMRL step were worth a real one).
 
-The WMRL arm also logs the world-model exploitation monitor (:mod:`wrappers.monitor`): the gap
+The WMRL arm also logs the world-model exploitation monitor (:mod:`wrappers.parts.monitor`): the gap
 between calibrated world-model and real scores on anchor groups, and their within-group rank
 agreement, over training (``monitor.png``); ``monitor_max_gap`` lets
 :class:`~agents.grpo.ExploitationGuard` raise the anchor fraction or stop.

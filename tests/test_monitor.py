@@ -6,7 +6,7 @@ import pytest
 import wmrl_envs  # noqa: F401  (registers the env ids)
 from wmrl_envs.world_models import CodeOutcomeModel
 from wrappers import build_stack
-from wrappers.monitor import anchor_group_stats
+from wrappers.parts.monitor import anchor_group_stats
 
 pytest.importorskip("torch")
 from agents.grpo import ExploitationGuard  # noqa: E402

@@ -750,7 +750,7 @@ def test_docstring_examples_run(module):
 
 
 def test_anchor_priority_keeps_the_count_and_prefers_low_confidence_groups():
-    from wrappers.scheduling import AnchorScheduler
+    from wrappers.parts.scheduling import AnchorScheduler
 
     plain, prio = AnchorScheduler(fraction=0.3, seed=3), AnchorScheduler(fraction=0.3, seed=3)
     for step in range(5):

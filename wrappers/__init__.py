@@ -29,10 +29,10 @@ from wrappers.calibration import (
     load_stack_state_dict,
     stack_state_dict,
 )
-from wrappers.debiasing import OnlineDebiaser
-from wrappers.denoising import InverseVarianceWeighter
 from wrappers.handle import StackHandle
-from wrappers.scheduling import AnchorScheduler
+from wrappers.parts.debiasing import OnlineDebiaser
+from wrappers.parts.denoising import InverseVarianceWeighter
+from wrappers.parts.scheduling import AnchorScheduler
 from wrappers.stack import STACKS, build_stack
 from wrappers.world_model import MODES, GradingCounters, VectorWorldModelWrapper, WorldModelWrapper
 

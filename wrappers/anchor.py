@@ -22,7 +22,7 @@ counts as a finished member with unknown scores.
 
 Anchor members run the :class:`~wrappers.world_model.WorldModelWrapper` below in mode
 ``"both"``, the others in ``"wm"``. The decision comes from an
-:class:`~wrappers.scheduling.AnchorScheduler`: trainers may decide a whole training step
+:class:`~wrappers.parts.scheduling.AnchorScheduler`: trainers may decide a whole training step
 at once with :meth:`AnchorWrapper.begin_step`; otherwise decisions are made lazily at
 each new group's first reset.
 
@@ -49,7 +49,7 @@ from gymnasium.vector import VectorEnv, VectorWrapper
 from wrappers._common import VectorSteps, json_key, known_info, put_info, require_layer, sub_info
 from wrappers._record import record_constructor_args
 from wrappers.anchor_overlap import BackgroundGrader
-from wrappers.scheduling import AnchorScheduler
+from wrappers.parts.scheduling import AnchorScheduler
 from wrappers.world_model import VectorWorldModelWrapper, WorldModelWrapper
 
 __all__ = ["AnchorWrapper", "VectorAnchorWrapper", "GroupBook"]
@@ -427,7 +427,7 @@ class AnchorWrapper(_AnchorBase, gym.Wrapper, RecordConstructorArgs):
     Args:
         env: the stack below, containing a ``WorldModelWrapper``.
         fraction, min_per_step, max_concurrent, seed, groups_per_step: the
-            :class:`~wrappers.scheduling.AnchorScheduler`'s (``fraction=0.10``,
+            :class:`~wrappers.parts.scheduling.AnchorScheduler`'s (``fraction=0.10``,
             ``min_per_step=1``, ``max_concurrent=None``, ``seed=0`` are the paper's defaults).
         group_size: members per group when ``reset`` options give a ``group_id`` but no
             ``group_size`` (``None``: open-ended groups, which never complete).

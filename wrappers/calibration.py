@@ -3,12 +3,12 @@ Inverse-Variance Denoising (the paper's two corrections).
 
 The corrections live in :class:`Calibrator`, a plain, serialisable object that both wrapper
 forms use and that experiments can drive directly (``benchmarks/ablation.py`` does). The
-wrapper installs the calibrator's :class:`~wrappers.debiasing.OnlineDebiaser` as the
+wrapper installs the calibrator's :class:`~wrappers.parts.debiasing.OnlineDebiaser` as the
 :attr:`~wrappers.world_model.WorldModelWrapper.score_transform` of the world-model wrapper
 below it, so *every* world-model score passes through the isotonic map before the env
 turns it into a reward. It feeds the map with the anchor pairs the
 :class:`~wrappers.anchor.AnchorWrapper` below reports, and feeds an
-:class:`~wrappers.denoising.InverseVarianceWeighter` with each complete anchor group's
+:class:`~wrappers.parts.denoising.InverseVarianceWeighter` with each complete anchor group's
 calibrated and true member scores once the map has been fitted (before that the scores
 are not calibrated yet, and the weight stays exactly 1.0; ``weighter_start="first-anchor"``
 observes from the first anchor group instead, as the reference implementation does).
@@ -53,8 +53,8 @@ from gymnasium.vector import VectorEnv, VectorWrapper
 from wrappers._common import VectorSteps, find_layer, known_info, put_info, require_layer, sub_info
 from wrappers._record import record_constructor_args
 from wrappers.anchor import AnchorWrapper, VectorAnchorWrapper, _AnchorBase, _AnchorCore
-from wrappers.debiasing import OnlineDebiaser
-from wrappers.denoising import InverseVarianceWeighter
+from wrappers.parts.debiasing import OnlineDebiaser
+from wrappers.parts.denoising import InverseVarianceWeighter
 from wrappers.world_model import VectorWorldModelWrapper, WorldModelWrapper, _WorldModelBase
 
 __all__ = [

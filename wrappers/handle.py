@@ -26,7 +26,7 @@ from typing import Any
 from wrappers._common import find_layer
 from wrappers.anchor import AnchorWrapper, VectorAnchorWrapper
 from wrappers.calibration import CalibrationWrapper, VectorCalibrationWrapper, load_stack_state_dict, stack_state_dict
-from wrappers.monitor import anchor_group_stats
+from wrappers.parts.monitor import anchor_group_stats
 from wrappers.world_model import VectorWorldModelWrapper, WorldModelWrapper
 
 __all__ = ["StackHandle", "corrections_budget", "anchors_per_step"]
@@ -103,7 +103,7 @@ class StackHandle:
     def monitor(group_results: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         """The exploitation monitor over a step's ``group_result`` dicts (``gap``,
         ``rank_agreement``, ``anchor_groups``, ``unknown_true``, ``grader_failure_rate``:
-        :func:`wrappers.monitor.anchor_group_stats`)."""
+        :func:`wrappers.parts.monitor.anchor_group_stats`)."""
         return anchor_group_stats(group_results)
 
     # -- what grading cost ---------------------------------------------------------------

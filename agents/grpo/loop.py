@@ -246,7 +246,7 @@ def step_metrics(episodes: Sequence[Any], anchor_weight: float) -> dict[str, Any
 class ExploitationGuard:
     """A :data:`Callback` acting on the world-model exploitation monitor (``monitor/gap``,
     ``monitor/rank_agreement`` and ``monitor/grader_failure_rate`` in each step's metrics;
-    see :mod:`wrappers.monitor`).
+    see :mod:`wrappers.parts.monitor`).
 
     The monitor's values are smoothed over the last ``window`` steps that had anchor groups.
     When the smoothed gap exceeds ``max_gap``, the rank agreement falls below

@@ -267,7 +267,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     rows = evaluate_tasks(
         [config.policy],
         config.tasks,
-        {"ID": [k for k in config.init_states if k < 16], "OOD": [k for k in config.init_states if k >= 16]},
+        {
+            "ID": [k for k in config.init_states if k < config.ood_from],
+            "OOD": [k for k in config.init_states if k >= config.ood_from],
+        },
         config.trials,
         temperature=config.temperature,
         seed=config.seed,

@@ -44,6 +44,8 @@ class EvalConfig:
             privileged expert) or ``random`` (uniform actions).
         tasks: LIBERO-Long task indices.
         init_states: initial states (default: ID 0-15; OOD is 16-49).
+        ood_from: initial states from this index on are reported as OOD, the ones below as
+            ID (the states GRPO trains on: LIBERO's 0-15).
         trials: episodes per initial state (the paper's 8).
         temperature: sampling temperature of the VLA (0 = greedy).
         action_repeat: env steps each decision is held for (as in training).
@@ -62,6 +64,7 @@ class EvalConfig:
     policy: str = "random"
     tasks: tuple[int, ...] = (7,)
     init_states: tuple[int, ...] = tuple(range(16))
+    ood_from: int = 16
     trials: int = 8
     temperature: float = 1.0
     action_repeat: int = 4

@@ -256,22 +256,11 @@ def task_from_frame(
         df = df.sample(n=max_rows, random_state=seed).reset_index(drop=True)
     task_type = resolve_task_type(df[target], task_type, metric)
     metric = metric or DEFAULT_METRIC[task_type]
-    chosen_positive, why_positive = None, "as asked"
-    if task_type == "binary":
-        labels = sorted(df[target].astype(str).unique())
-        if positive_class is not None and str(positive_class) not in labels:
-            raise ByoError(f"positive class {positive_class!r} is not a value of {target!r}; values are {labels}")
-        chosen_positive = positive_class
-        if positive_class is None:
-            chosen_positive, why_positive = default_positive_class(df[target])
-            why_positive += "; --positive-class to change"
+    chosen_positive, why_positive = _positive_class(df[target], task_type, positive_class)
     notes += column_warnings(df, target, id_column)
     train, test = _split(df, target, task_type, metric, test_fraction, seed)
     limits = default_limits(len(df), df.shape[1] - 1)
-    if time_limit is not None:
-        limits["wall_seconds"] = float(time_limit)
-    if memory_limit is not None:
-        limits["memory_bytes"] = int(memory_limit)
+    limits.update({k: v for k, v in (("wall_seconds", time_limit), ("memory_bytes", memory_limit)) if v is not None})
     notes.append(
         f"each solution run gets {limits['wall_seconds']:g} s and {limits['memory_bytes'] / 2**30:g} GiB"
         + (
@@ -306,6 +295,19 @@ def task_from_frame(
         log.warning("wmrl byo %s: %s", task_id, note)
     object.__setattr__(task, "_byo_notes", tuple(notes))
     return task
+
+
+def _positive_class(y: pd.Series, task_type: str, asked: Any) -> tuple[Any, str]:
+    """The positive class of a binary target and why (``(None, "")`` for other task types)."""
+    if task_type != "binary":
+        return None, ""
+    labels = sorted(y.astype(str).unique())
+    if asked is not None:
+        if str(asked) not in labels:
+            raise ByoError(f"positive class {asked!r} is not a value of {y.name!r}; values are {labels}")
+        return asked, "as asked"
+    chosen, why = default_positive_class(y)
+    return chosen, why + "; --positive-class to change"
 
 
 def _split(

@@ -128,7 +128,7 @@ def read_submission(
         raise SubmissionError(cap_text(msg, lim.max_message_chars)) from None
 
 
-def validate_submission(task: Task, sub: pd.DataFrame, test_ids: Sequence[Any]) -> np.ndarray:
+def validate_submission(task: Task, sub: pd.DataFrame, test_ids: Sequence[Any]) -> np.ndarray:  # noqa: C901 -- complexity over 15 before the limit (issue 26)
     """Check ``sub`` against the task's submission contract; return predictions in ``test_ids`` order.
 
     Raises :class:`SubmissionError` naming the first problem found: wrong columns,

@@ -369,7 +369,7 @@ def check_task_id(task_id: str, root: str | Path | None = None) -> str:
     return task_id
 
 
-def write_task(
+def write_task(  # noqa: C901 -- complexity over 15 before the limit (issue 26)
     root: str | Path,
     task_id: str,
     train: pd.DataFrame,

@@ -46,7 +46,7 @@ import sys
 import time
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901 -- complexity over 15 before the limit (issue 26)
     _undumpable()
     opts = json.loads(sys.argv[1])
     cmd = sys.argv[2:]
@@ -81,27 +81,7 @@ def main() -> None:
     pid = os.fork()
     state["child"] = pid
     if pid == 0:
-        try:
-            for fd in (report_fd, pid_fd):
-                if fd is not None:
-                    os.close(fd)
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            for sig in (signal.SIGTERM, signal.SIGALRM):
-                signal.signal(sig, signal.SIG_DFL)
-            if go_fd is not None:
-                try:
-                    go = os.read(go_fd, 1)
-                except OSError:
-                    go = b""
-                os.close(go_fd)
-                if not go:  # the host died before the run started
-                    os._exit(125)
-            for name, (soft, hard) in opts.get("rlimits", {}).items():
-                resource.setrlimit(getattr(resource, name), (soft, hard))
-            os.execv(cmd[0], cmd)
-        except BaseException as e:  # noqa: BLE001 -- nothing may escape a forked child
-            os.write(2, f"wmrl sandbox launcher: cannot start {cmd[0]!r}: {e!r}\n".encode())
-        os._exit(127)
+        _exec_child(cmd, opts.get("rlimits", {}), go_fd, (report_fd, pid_fd))
     if go_fd is not None:
         os.close(go_fd)
     if pid_fd is not None:
@@ -136,6 +116,32 @@ def main() -> None:
         time.sleep(0.005)
     code = os.waitstatus_to_exitcode(status)
     os._exit(128 - code if code < 0 else code)
+
+
+def _exec_child(cmd, rlimits, go_fd, close_fds) -> None:
+    """The forked child: wait for the go byte (the host moves it into the run's cgroup
+    first), apply the rlimits and exec CMD. Never returns."""
+    try:
+        for fd in close_fds:
+            if fd is not None:
+                os.close(fd)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for sig in (signal.SIGTERM, signal.SIGALRM):
+            signal.signal(sig, signal.SIG_DFL)
+        if go_fd is not None:
+            try:
+                go = os.read(go_fd, 1)
+            except OSError:
+                go = b""
+            os.close(go_fd)
+            if not go:  # the host died before the run started
+                os._exit(125)
+        for name, (soft, hard) in rlimits.items():
+            resource.setrlimit(getattr(resource, name), (soft, hard))
+        os.execv(cmd[0], cmd)
+    except BaseException as e:  # noqa: BLE001 -- nothing may escape a forked child
+        os.write(2, f"wmrl sandbox launcher: cannot start {cmd[0]!r}: {e!r}\n".encode())
+    os._exit(127)
 
 
 def _prctl(option: int, arg: int) -> bool:
