@@ -87,10 +87,15 @@ class SignalWatch:
         used, degenerate, skipped = total("groups/used"), total("groups/degenerate"), total("groups/skipped")
         last = self.streak[-1]
         span = f"step {step}" if self.first_step == step else f"steps {self.first_step}-{step}"
+        replies = (
+            f"; replies {_pct(last.get('reward/malformed_rate'))} malformed, {_pct(last.get('reward/valid_rate'))} "
+            "valid in the last step"
+            if "reward/malformed_rate" in last  # an agent that writes replies (the LLM) reports them
+            else ""
+        )
         text = (
             f"no group carried a learning signal in {span} ({used + skipped} groups: {degenerate} with identical "
-            f"rewards, {skipped} with < 2 graded members; replies {_pct(last.get('reward/malformed_rate'))} malformed, "
-            f"{_pct(last.get('reward/valid_rate'))} valid in the last step), so the updates change nothing"
+            f"rewards, {skipped} with < 2 graded members{replies}), so the updates change nothing"
         )
         if (last.get("reward/malformed_rate") or 0.0) >= 0.5:
             return text + (
