@@ -16,13 +16,45 @@ Classes: :class:`VLAEpisode`, :class:`RolloutTimes`. Functions: :func:`run_episo
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-__all__ = ["VLAEpisode", "RolloutTimes", "run_episode", "run_group", "policy_obs", "add_views", "POLICY_KEYS", "VIEWS"]
+__all__ = [
+    "VLAEpisode",
+    "RolloutTimes",
+    "ActingPolicy",
+    "EpisodeEnv",
+    "run_episode",
+    "run_group",
+    "policy_obs",
+    "add_views",
+    "POLICY_KEYS",
+    "VIEWS",
+]
+
+
+class ActingPolicy(Protocol):
+    """What a rollout needs of a policy (:class:`~agents.vla.model.MiniVLA`, the evaluation's
+    random policy): a batch of observations in, an ``ActOutput``-like result out
+    (``actions``, ``tokens``, ``logprobs``, one row per observation)."""
+
+    def act(self, obs: Mapping[str, Any], temperature: float = 1.0, generator: Any = None) -> Any: ...
+
+
+class EpisodeEnv(Protocol):
+    """What a rollout needs of an env (a LIBERO env or its wrapper stack): Gymnasium's
+    ``reset`` / ``step`` with the group's reset options."""
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]: ...
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]: ...
+
 
 #: Observation keys a MiniVLA reads.
 POLICY_KEYS = ("agentview_image", "wrist_image", "proprio", "instruction")
@@ -113,8 +145,8 @@ class VLAEpisode:
 
 
 def run_episode(
-    env: Any,
-    policy: Any,
+    env: EpisodeEnv,
+    policy: ActingPolicy,
     options: dict[str, Any],
     *,
     temperature: float = 1.0,
@@ -170,8 +202,8 @@ def run_episode(
 
 
 def run_group(
-    env: Any,
-    policy: Any,
+    env: EpisodeEnv,
+    policy: ActingPolicy,
     group_id: Any,
     init_state: int,
     group_size: int,
