@@ -100,19 +100,13 @@ def test_seeded_llm_run_matches_the_golden_metrics(tmp_path):
 
 
 def test_seeded_vla_run_matches_the_golden_metrics(tmp_path):
-    import numpy as np
-    from test_vla_agent import ToyProgressWM, ToyReach, _demo, _policy
+    from test_vla_agent import ToyProgressWM, ToyReach, _policy, toy_statistics
 
     from agents.grpo import train
-    from agents.vla.demos import DemoDataset
-    from agents.vla.tokenizer import dataset_statistics
     from agents.vla.trainer import VLAAgent, VLAGRPOConfig
     from wrappers import CalibrationConfig, build_stack
 
-    rng = np.random.default_rng(0)
-    actions = np.clip(rng.normal(0, 0.5, (300, 7)), -1, 1)
-    actions[:, -1] = np.sign(actions[:, -1])
-    stats = DemoDataset([_demo(rng)]).statistics() | {"action": dataset_statistics(actions)["action"]}
+    stats = toy_statistics()
     torch.manual_seed(0)
     env = build_stack(
         ToyReach(),

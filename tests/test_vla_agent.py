@@ -100,12 +100,17 @@ class ToyProgressWM:
         return out
 
 
-@pytest.fixture(scope="module")
-def stats():
+def toy_statistics() -> dict[str, Any]:
+    """Dataset statistics of one toy demo and 300 random actions (seeded)."""
     rng = np.random.default_rng(0)
     actions = np.clip(rng.normal(0, 0.5, (300, 7)), -1, 1)
     actions[:, -1] = np.sign(actions[:, -1])
     return DemoDataset([_demo(rng)]).statistics() | {"action": dataset_statistics(actions)["action"]}
+
+
+@pytest.fixture(scope="module")
+def stats():
+    return toy_statistics()
 
 
 def _demo(rng, n=12):

@@ -11,8 +11,8 @@ calibration: weight 1.0; no world-model layer: no counters).
 >>> import gymnasium as gym
 >>> import wmrl_envs
 >>> handle = StackHandle(gym.make("wmrl/AutoResearch-v0", split="train"))
->>> handle.kind, handle.begin_step(["g0", "g1"]), handle.anchor_weight, handle.real_executions
-('real', frozenset(), 1.0, None)
+>>> handle.begin_step(["g0", "g1"]), handle.anchor_weight, handle.real_executions, handle.has_state
+(frozenset(), 1.0, None, False)
 >>> print(corrections_budget(start_pairs=200, pairs_seen=0, steps=3, anchors_per_step=1, group_size=4))  # doctest: +ELLIPSIS
 the corrections will not engage in this run: the first isotonic fit needs 200 anchor pairs (0 so far) ...
 """
@@ -45,19 +45,6 @@ class StackHandle:
         self._anchor: Any = find_layer(env, (AnchorWrapper, VectorAnchorWrapper))
         self._world_model: Any = find_layer(env, (WorldModelWrapper, VectorWorldModelWrapper))
         self._calibration: Any = find_layer(env, (CalibrationWrapper, VectorCalibrationWrapper))
-
-    @property
-    def kind(self) -> str:
-        """``"wmrl"`` (anchors), ``"wm"`` (a world model grades) or ``"real"``."""
-        if self._anchor is not None:
-            return "wmrl"
-        if self._world_model is not None and self._world_model_grades():
-            return "wm"
-        return "real"
-
-    def _world_model_grades(self) -> bool:
-        modes = getattr(self._world_model, "modes", None) or [getattr(self._world_model, "mode", "env")]
-        return any(m != "env" for m in modes)
 
     # -- a step ---------------------------------------------------------------------------
     def begin_step(self, group_ids: Iterable[Hashable], priority: Mapping[Hashable, float] | None = None) -> frozenset:
