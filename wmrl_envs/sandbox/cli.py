@@ -1,6 +1,9 @@
 """Command line of the sandbox (``wmrl-sandbox`` / ``python -m wmrl_envs.sandbox.cli``).
 
 Commands:
+  build-runtime [--if-missing] [--inventory]
+      build the pinned solutions' runtime venv (/opt/wmrl-runtime) both backends run scripts with;
+      --inventory also rewrites the committed snapshot of what it can import.
   build-image [--if-missing] [--tag T] [--suite S] [--mirror URI]
       build the Docker sandbox image offline (debootstrap + docker import).
   run SCRIPT.py [--backend local|docker|ray] [--input REL=HOST]... [--output REL]... [--wall S] ...
@@ -31,6 +34,17 @@ def _build_image(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     tag = build_image(args.tag, suite=args.suite, mirror=args.mirror, if_missing=args.if_missing)
     print(f"sandbox image {tag} ready ({time.monotonic() - t0:.0f} s)")
+    return 0
+
+
+def _build_runtime(args: argparse.Namespace) -> int:
+    from wmrl_envs.sandbox.runtime import build_runtime, runtime_versions, write_inventory
+
+    python = build_runtime(if_missing=args.if_missing)
+    print(f"solutions' runtime ready: {python} {runtime_versions(python)}")
+    if args.inventory:
+        write_inventory(python)
+        print("runtime inventory rewritten")
     return 0
 
 
@@ -66,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
 def _command(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wmrl-sandbox", description="wmrl-envs sandbox tools")
     sub = parser.add_subparsers(dest="command", required=True)
+    rt = sub.add_parser("build-runtime", help="build the pinned solutions' runtime venv")
+    rt.add_argument("--if-missing", action="store_true", help="keep a runtime built with the same pins")
+    rt.add_argument("--inventory", action="store_true", help="also rewrite the committed import inventory")
+    rt.set_defaults(func=_build_runtime)
     b = sub.add_parser("build-image", help="build the Docker sandbox image offline")
     b.add_argument("--if-missing", action="store_true", help="do nothing if the image exists")
     b.add_argument("--tag", default=None, help="image name (default: wmrl-sandbox:<suite>-<revision>)")

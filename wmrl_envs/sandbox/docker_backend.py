@@ -49,6 +49,7 @@ from wmrl_envs.sandbox.base import (
 )
 from wmrl_envs.sandbox.image import docker_client, image_exists, image_tag
 from wmrl_envs.sandbox.local import LAUNCHER_SOURCE, LAUNCHER_WALL_GRACE
+from wmrl_envs.sandbox.runtime import RUNTIME_DIR
 from wmrl_envs.sandbox.uids import DEFAULT_UID_BASE, UidPool
 
 __all__ = ["DockerExecutor", "DockerConfig", "sweep_containers"]
@@ -65,7 +66,8 @@ class DockerConfig:
     Attributes:
         image: sandbox image (``None``: :func:`~wmrl_envs.sandbox.image.image_tag`, the one
             ``build-image`` makes).
-        python: interpreter inside the image.
+        python: interpreter inside the image (default: the pinned solutions' runtime the
+            image carries, see :mod:`wmrl_envs.sandbox.runtime`).
         user: ``uid:gid`` every script runs as; ``None`` (default): a uid of its own per
             run, from the range ``uid_base`` .. ``uid_base + uid_count`` (see
             :mod:`wmrl_envs.sandbox.uids`), so concurrent runs share no per-user kernel
@@ -83,7 +85,7 @@ class DockerConfig:
     """
 
     image: str | None = None
-    python: str = "/usr/bin/python3"
+    python: str = str(RUNTIME_DIR / "bin" / "python")
     user: str | None = None
     uid_base: int = DEFAULT_UID_BASE
     uid_count: int = 64

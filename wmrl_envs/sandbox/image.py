@@ -3,8 +3,11 @@
 No container registry is needed: ``debootstrap --variant=minbase`` fetches packages from
 the host's own apt mirror (the one in ``/etc/apt/sources.list*``), the tree is trimmed,
 streamed through ``tar`` into ``docker import`` (via the SDK), and checked by importing
-numpy/pandas/scikit-learn/scipy in a network-less container. The suite defaults to the
-host's Debian release so both backends run the same interpreter and library versions.
+the pinned packages in a network-less container. The solutions' libraries are not Debian's:
+the host's pinned runtime venv (:mod:`wmrl_envs.sandbox.runtime`, built first if missing) is
+copied into the tree at the same path. The suite defaults to the host's Debian release, so
+the venv's interpreter is the same ``/usr/bin/python3`` and both backends run the same
+interpreter and library versions.
 Needs root (debootstrap) and takes a few minutes, once per machine::
 
     python -m wmrl_envs.sandbox.cli build-image [--if-missing]
@@ -15,6 +18,7 @@ Functions: :func:`build_image`, :func:`image_tag`, :func:`image_exists`, :func:`
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -28,6 +32,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from wmrl_envs.sandbox.base import SANDBOX_DIR, SandboxUnavailable
+from wmrl_envs.sandbox.runtime import RUNTIME_DIR, build_runtime, expected_versions
 
 __all__ = [
     "PACKAGES",
@@ -42,11 +47,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Debian packages of the image besides the minbase system.
-PACKAGES = ("python3", "python3-numpy", "python3-pandas", "python3-sklearn", "python3-scipy")
+#: Debian packages of the image besides the minbase system: the interpreter the runtime venv
+#: is built on, and the OpenMP library LightGBM links against.
+PACKAGES = ("python3", "libgomp1")
 
 #: Bumped whenever the recipe changes, so ``--if-missing`` rebuilds stale images.
-IMAGE_REVISION = 1
+IMAGE_REVISION = 2
 
 _FALLBACK_SUITE = "bookworm"
 _FALLBACK_MIRROR = "http://deb.debian.org/debian"
@@ -153,6 +159,7 @@ def build_image(
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="wmrl-image-", dir=work_base))
     root = tmp / "root"
+    build_runtime(if_missing=True)
     stages = ["debootstrap", "trim", "import", "verify"]
     bar = tqdm(total=len(stages), desc=f"building {tag}", disable=not progress)
     try:
@@ -162,19 +169,22 @@ def build_image(
         for rel in _TRIM:
             shutil.rmtree(root / rel, ignore_errors=True)
         (root / SANDBOX_DIR.lstrip("/")).mkdir(mode=0o755, exist_ok=True)
+        shutil.copytree(RUNTIME_DIR, root / str(RUNTIME_DIR).lstrip("/"), symlinks=True)
         bar.update(1)
         bar.set_postfix_str("docker import")
         _import(client, root, tag)
         bar.update(1)
         bar.set_postfix_str("verify")
+        check = "import importlib, json, sys; print(json.dumps({m: importlib.import_module(m).__version__ for m in sys.argv[1:]}))"
+        want = expected_versions()
         out = client.containers.run(
             tag,
-            ["python3", "-c", "import numpy, pandas, sklearn, scipy; print('ok')"],
+            [str(RUNTIME_DIR / "bin" / "python"), "-c", check, *sorted(want)],
             network_mode="none",
             remove=True,
         )
-        if out.strip() != b"ok":
-            raise RuntimeError(f"image {tag} failed its self-check: {out!r}")
+        if json.loads(out) != want:
+            raise RuntimeError(f"image {tag} failed its self-check: {out!r} (want {want})")
         bar.update(1)
     finally:
         bar.close()

@@ -79,6 +79,7 @@ from wmrl_envs.sandbox.base import (
     classify_exit,
     resolve_limits,
 )
+from wmrl_envs.sandbox.runtime import runtime_python
 from wmrl_envs.sandbox.uids import DEFAULT_UID_BASE, UidPool
 
 __all__ = ["LocalExecutor", "LocalConfig", "LAUNCHER_SOURCE", "UNSAFE_ENV"]
@@ -103,6 +104,9 @@ _OVERHEAD_PROCS = {True: 2, False: 1}
 #: the boot id, the host's load and uptime): masked with an empty file.
 HOST_INFO_FILES = ("/proc/cmdline", "/proc/sys/kernel/random/boot_id", "/proc/loadavg", "/proc/uptime")
 
+#: The interpreter when the pinned runtime is not built: Debian's, with its older libraries.
+FALLBACK_PYTHON = "/usr/bin/python3"
+
 #: Host paths visible (read-only) inside the sandbox besides /usr; missing ones are skipped.
 DEFAULT_RO_PATHS = (
     "/etc/alternatives",  # libblas/liblapack are alternatives symlinks
@@ -121,8 +125,10 @@ class LocalConfig:
     """Settings of :class:`LocalExecutor`.
 
     Attributes:
-        python: interpreter inside the sandbox; must be readable by the sandbox uid
-            (Debian's ``/usr/bin/python3``, not a venv under ``/root``).
+        python: interpreter inside the sandbox; must be readable by the sandbox uid (not
+            a venv under ``/root``). Default: the pinned solutions' runtime
+            (:mod:`wmrl_envs.sandbox.runtime`, ``/opt/wmrl-runtime/bin/python``) when it is
+            built, else Debian's ``/usr/bin/python3`` with a warning.
         bwrap: bubblewrap binary (name or path).
         strict: also refuse (raise :class:`SandboxUnavailable`) when not running as root
             (scripts would then run under the caller's uid, without a per-run process cap).
@@ -154,7 +160,7 @@ class LocalConfig:
         work_base: host directory for work dirs (``None``: the system temp dir).
     """
 
-    python: str = "/usr/bin/python3"
+    python: str = field(default_factory=lambda: runtime_python() or FALLBACK_PYTHON)
     bwrap: str = "bwrap"
     strict: bool = False
     unsafe_no_isolation: bool = False
@@ -235,6 +241,12 @@ class LocalExecutor:
             workfs.sweep_stale(base)  # work dirs of grading processes that were SIGKILLed
             if self.config.cgroups:
                 _cgroup.sweep_stale()
+        if self.config.python == FALLBACK_PYTHON and runtime_python() is None:
+            log.warning(
+                "wmrl sandbox: the pinned solutions' runtime is not built, so solutions run under Debian's "
+                "python3 and its older libraries (no LightGBM / XGBoost). Build it: "
+                "python -m wmrl_envs.sandbox.cli build-runtime"
+            )
         self._runtime = self._runtime_mounts()
         self._empty_file = _empty_file() if self._is_root else None
         self._disable_userns = self.config.disable_userns
@@ -312,6 +324,9 @@ class LocalExecutor:
             return ["/usr"]
         python = self.config.python
         paths = {python, os.path.realpath(python)}
+        prefix = str(Path(python).parent.parent)
+        if os.path.exists(os.path.join(prefix, "pyvenv.cfg")):  # a venv: its pyvenv.cfg must be visible
+            paths.add(prefix)
         try:
             out = subprocess.run(
                 [
