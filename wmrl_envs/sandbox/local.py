@@ -324,6 +324,12 @@ class LocalExecutor:
             return ["/usr"]
         python = self.config.python
         paths = {python, os.path.realpath(python)}
+        link = python
+        for _ in range(16):  # every hop of a symlink chain (venv/bin/python -> /usr/bin/python3 -> python3.11)
+            if not os.path.islink(link):
+                break
+            link = os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link)))
+            paths.add(link)
         prefix = str(Path(python).parent.parent)
         if os.path.exists(os.path.join(prefix, "pyvenv.cfg")):  # a venv: its pyvenv.cfg must be visible
             paths.add(prefix)

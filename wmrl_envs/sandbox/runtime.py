@@ -93,12 +93,13 @@ INVENTORY_PATH = Path(__file__).parent / "runtime_inventory.json"
 _STAMP = "wmrl-runtime.json"
 _BASE_PYTHON = "/usr/bin/python3"
 
-# Run inside the runtime: versions, every top-level module, and the public names of the
-# sklearn / xgboost / lightgbm submodules an agent imports from.
+# Run inside the runtime: versions, every top-level module, the public names of the
+# sklearn / xgboost / lightgbm submodules an agent imports from, and the keyword parameters
+# of every class whose constructor takes no **kwargs (a removed keyword is a TypeError).
 _INVENTORY_SCRIPT = r"""
-import importlib, json, pkgutil, sys
+import importlib, inspect, json, pkgutil, sys
 mods = sorted({m.name for m in pkgutil.iter_modules()} | set(sys.builtin_module_names) | set(sys.stdlib_module_names))
-versions, names = {}, {}
+versions, names, params = {}, {}, {}
 for dist, mod in json.loads(sys.argv[1]).items():
     m = importlib.import_module(mod)
     versions[mod] = m.__version__
@@ -112,7 +113,17 @@ for dist, mod in json.loads(sys.argv[1]).items():
         except Exception:
             continue
         names[sub] = sorted(n for n in dir(sm) if not n.startswith("_"))
-print(json.dumps({"modules": mods, "versions": versions, "names": names}))
+        for n in names[sub]:
+            obj = getattr(sm, n, None)
+            if not inspect.isclass(obj) or n in params:
+                continue
+            try:
+                sig = inspect.signature(obj.__init__)
+            except (TypeError, ValueError):
+                continue
+            if not any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+                params[n] = [p for p in sig.parameters if p != "self"]
+print(json.dumps({"modules": mods, "versions": versions, "names": names, "params": params}))
 """
 
 
@@ -204,7 +215,8 @@ def write_inventory(python: str, path: str | Path = INVENTORY_PATH) -> dict[str,
 
 @functools.lru_cache(maxsize=1)
 def runtime_inventory() -> dict[str, Any]:
-    """The committed snapshot: ``{"modules": [...], "versions": {...}, "names": {module: [...]}, "pins": {...}}``."""
+    """The committed snapshot: ``{"modules": [...], "versions": {...}, "names": {module: [...]},
+    "params": {class: [keyword, ...]}, "pins": {...}}``."""
     return dict(json.loads(INVENTORY_PATH.read_text()))
 
 

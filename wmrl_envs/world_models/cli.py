@@ -9,6 +9,7 @@
                      [--halves 5]
     wmrl-wm update --model model_dir --logs anchors.jsonl --out model_dir2
     nice -n 19 wmrl-wm grow-corpus [--budget-minutes 60] [--max-tasks N] [--out DIR]
+    nice -n 19 wmrl-wm grow-agent-corpus [--budget-minutes 60] [--workers 2] [--out FILE.jsonl.gz]
 
 ``--split`` keeps only records whose task belongs to that catalog split: the record's
 ``context["split"]`` when present, else the AutoResearch catalog's split of its task.
@@ -141,6 +142,15 @@ def _command(argv: Sequence[str] | None = None) -> int:
     grow.add_argument("--task-root", help="where the tasks' files go (default: a temp dir)")
     grow.add_argument("--seed", type=int, default=0, help="order of the sources (default 0)")
     grow.add_argument("--only-large", action="store_true", help="only large variants of >= 8,000-row tables")
+    agent = sub.add_parser(
+        "grow-agent-corpus", help="run agent-style and exploit scripts into the agent corpus (resumable)"
+    )
+    agent.add_argument(
+        "--out", help="log file (default: the shipped wmrl_envs/world_models/agent_corpus/runs.jsonl.gz)"
+    )
+    agent.add_argument("--budget-minutes", type=float, default=60.0, help="start no new run after this (default 60)")
+    agent.add_argument("--workers", type=int, default=2, help="runs at once (default 2)")
+    agent.add_argument("--tasks", nargs="+", help="only these catalog tasks (default: all 36)")
     args = parser.parse_args(argv)
 
     if args.command == "fit":
@@ -197,6 +207,11 @@ def _command(argv: Sequence[str] | None = None) -> int:
             task_root=args.task_root, only_large=args.only_large,
         )  # fmt: skip
         print(f"corpus: {len(state['done'])} tasks logged, {len(state['skipped'])} sources skipped")
+    elif args.command == "grow-agent-corpus":
+        from wmrl_envs.world_models.agent_corpus import grow_agent_corpus
+
+        counts = grow_agent_corpus(args.out, budget_minutes=args.budget_minutes, workers=args.workers, tasks=args.tasks)
+        print(f"agent corpus: {counts['done']} runs logged ({counts['ran']} new), {counts['left']} left")
     else:
         model = _load_model(args.model).update(with_landmarks(read_logs(args.logs)))
         print(f"refitted on {model.info['n_used']} records; saved to {model.save(args.out)}")
