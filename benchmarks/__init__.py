@@ -8,6 +8,8 @@ Experiments (each a module with a config dataclass ``CONFIG`` and ``run(config, 
 * ``ablation`` (:mod:`benchmarks.ablation`): no correction / denoising only / debiasing
   only / both, at the same anchor ratio, on the same mixture of reward streams.
 * ``fidelity`` (:mod:`benchmarks.fidelity`): world-model fidelity reports on held-out logs.
+* ``agent-fidelity`` (:mod:`benchmarks.agent_fidelity`): the world model on agent-written
+  scripts of unseen tables, by failure kind, and against the exploit suite.
 * ``leaderboard`` (:mod:`benchmarks.leaderboard`): agents on every held-out env.
 * ``scale`` (:mod:`benchmarks.scale`): sandbox runs on Ray vs a local pool, LIBERO rollouts
   on Ray actors vs ``AsyncVectorEnv``, anchors overlapped with the step vs inside it.
@@ -24,6 +26,7 @@ EXPERIMENTS = {
     "speedup": "speedup",
     "ablation": "ablation",
     "fidelity": "fidelity",
+    "agent-fidelity": "agent_fidelity",
     "leaderboard": "leaderboard",
     "vla": "vla_eval",
     "scale": "scale",

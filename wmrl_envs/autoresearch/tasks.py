@@ -205,10 +205,14 @@ class Task:
 
 @functools.lru_cache(maxsize=256)
 def _overview(root: Path, max_chars: int) -> str:
+    from wmrl_envs.sandbox.runtime import runtime_prompt_line
+
     task = load_task(root)
     train = task.read_train()
     lines = [
         task.description().rstrip(),
+        "",
+        f"Runtime: {runtime_prompt_line()}",
         "",
         f"## Data inventory ({len(train)} train rows, {task.stats['n_test']} test rows)",
         "",

@@ -3,7 +3,11 @@
 :class:`CodeOutcomeModel` predicts what running an AutoResearch solution would give:
 
 1. a deterministic **compile gate** — a script ``compile`` rejects is ``syntax_error``
-   with score exactly 0.0 (no learning involved);
+   with score exactly 0.0 (no learning involved) — and, with ``read_code`` (default), a
+   **foreseen-failure gate**: a failure :func:`~wmrl_envs.world_models.code_reader.read_script`
+   is certain of from the code and the task (a missing import, no reachable write of the
+   submission, an unconditional exception, ...) gets that status's ladder score, with the
+   reason in ``metrics["foreseen"]``;
 2. a **status classifier** (gradient-boosted trees) over :class:`ScriptFeaturizer`
    features of (task context, script): ``runtime_error`` / ``timeout`` /
    ``no_submission`` / ``valid`` (whatever statuses the logs contain);
@@ -108,6 +112,11 @@ class CodeOutcomeConfig:
             the training *tasks* (default 1: one member on everything). With more than one,
             their spread is the prediction's uncertainty: ``metrics["percentile_std"]``
             and a lower ``metrics["confidence"]``.
+        read_code: read each script before featurising it
+            (:mod:`~wmrl_envs.world_models.code_reader`): features of the code that runs only,
+            invariant to formatting and naming, plus the reading features, and the
+            foreseen-failure gate at prediction (default True; models saved before it existed
+            load with False).
         n_threads: OpenMP threads for fitting and prediction (default 1; ``None`` = all
             cores). One thread is the default because the model is small and OpenMP
             spin-waiting on a busy or shared machine is catastrophically slow (measured
@@ -131,6 +140,7 @@ class CodeOutcomeConfig:
     percentile_head: Literal["regressor", "ranker", "both"] = "regressor"
     rank_rounds: int = 150
     n_ensemble: int = 1
+    read_code: bool = True
 
     def __post_init__(self) -> None:
         if self.score_mode not in ("expected", "argmax"):
@@ -188,6 +198,7 @@ class CodeOutcomeModel:
             size_features=c.size_features,
             transfer_features=c.transfer_features,
             landmark_features=c.landmark_features,
+            read_code=c.read_code,
         )
 
     # ------------------------------------------------------------------ fitting
@@ -376,7 +387,11 @@ class CodeOutcomeModel:
             with threadpool_limits(limits=self.config.n_threads):
                 proba, (pct, spread) = self._proba(X), self._percentile_spread(X)
             for row, i in enumerate(todo):
-                out[i] = self._outcome(proba[row], pct[row], summaries[row], float(spread[row]))
+                reading = summaries[row].reading
+                if reading is not None and reading.foreseen is not None:
+                    out[i] = _foreseen_outcome(*reading.foreseen)
+                else:
+                    out[i] = self._outcome(proba[row], pct[row], summaries[row], float(spread[row]))
         cost = (time.perf_counter() - start) / max(1, len(actions))
         for i, g in enumerate(gated):
             if g is not None:
@@ -456,7 +471,7 @@ class CodeOutcomeModel:
                 stacklevel=2,
             )
         # saved before size / transfer / landmark features: without them
-        old = {"size_features": False, "transfer_features": False, "landmark_features": False}
+        old = {"size_features": False, "transfer_features": False, "landmark_features": False, "read_code": False}
         model = cls(CodeOutcomeConfig(**{**old, **d["config"]}))
         model.featurizer = ScriptFeaturizer.from_state_dict(d["featurizer"])
         model.classes_ = list(d["classes"])
@@ -507,6 +522,17 @@ def _logged_outcome(r: LogRecord) -> Outcome:
     """The true outcome of a usable (known) record."""
     assert r.outcome is not None
     return r.outcome
+
+
+def _foreseen_outcome(status: str, reason: str) -> Outcome:
+    """A failure the code reader is certain of: that status's ladder score, no learning involved."""
+    return Outcome(
+        status,
+        LADDER[status],
+        feedback=f"Predicted {status}: {reason} (foreseen from the code).",
+        metrics={"p_status": {status: 1.0}, "foreseen": reason, "confidence": 1.0},
+        source="wm",
+    )
 
 
 def _with_cost(o: Outcome, cost: float) -> Outcome:

@@ -48,6 +48,8 @@ from typing import Any
 import numpy as np
 from sklearn.feature_extraction import FeatureHasher
 
+from wmrl_envs.world_models.code_reader import READING_FEATURES, read_script
+
 __all__ = [
     "ScriptFeaturizer",
     "ScriptSummary",
@@ -178,6 +180,9 @@ class ScriptSummary:
     tokens: list[str] = field(default_factory=list)
     bad_imports: list[str] = field(default_factory=list)
     undefined_names: list[str] = field(default_factory=list)
+    #: the :class:`~wmrl_envs.world_models.code_reader.CodeReading` the summary was made from
+    #: (``None`` for featurizers without ``read_code``)
+    reading: Any = None
 
 
 def _call_name(node: ast.Call) -> str | None:
@@ -521,6 +526,11 @@ class ScriptFeaturizer:
             token (default False; featurizers saved before it existed load with False).
         landmark_features: add :data:`LANDMARK_FEATURES` (default True; featurizers saved
             before they existed load with False).
+        read_code: read the script first (:func:`~wmrl_envs.world_models.code_reader.read_script`):
+            summarise only the code that runs, with the script's own names made positional
+            (so dead code, formatting and naming do not move a prediction), and add
+            :data:`~wmrl_envs.world_models.code_reader.READING_FEATURES` (default False, what
+            featurizers saved before it existed load with; :class:`CodeOutcomeConfig` turns it on).
 
     >>> f = ScriptFeaturizer(n_hash=32).fit([{"n_train": 100}], ["print(1)"])
     >>> f.transform([{"n_train": 50}], ["import pandas as pd"]).shape == (1, f.n_features)
@@ -534,6 +544,7 @@ class ScriptFeaturizer:
         size_features: bool = True,
         transfer_features: bool = False,
         landmark_features: bool = True,
+        read_code: bool = False,
     ) -> None:
         if n_hash < 1:
             raise ValueError(f"n_hash must be >= 1, got {n_hash}")
@@ -542,6 +553,7 @@ class ScriptFeaturizer:
         self.size_features = bool(size_features)
         self.transfer_features = bool(transfer_features)
         self.landmark_features = bool(landmark_features)
+        self.read_code = bool(read_code)
         self.meta_keys: list[str] = []
 
     def fit(self, contexts: Sequence[Mapping[str, Any]], codes: Sequence[str]) -> ScriptFeaturizer:
@@ -566,6 +578,7 @@ class ScriptFeaturizer:
             + len(SIZE_FEATURES) * self.size_features
             + len(TRANSFER_FEATURES) * self.transfer_features
             + len(LANDMARK_FEATURES) * self.landmark_features
+            + len(READING_FEATURES) * self.read_code
             + len(self.meta_keys)
             + self.n_hash
         )
@@ -579,12 +592,21 @@ class ScriptFeaturizer:
             + (list(SIZE_FEATURES) if self.size_features else [])
             + (list(TRANSFER_FEATURES) if self.transfer_features else [])
             + (list(LANDMARK_FEATURES) if self.landmark_features else [])
+            + (list(READING_FEATURES) if self.read_code else [])
             + [f"ctx:{k}" for k in self.meta_keys]
             + [f"hash:{i}" for i in range(self.n_hash)]
         )
 
     def summaries(self, contexts: Sequence[Mapping[str, Any]], codes: Sequence[str]) -> list[ScriptSummary]:
-        return [summarize_script(code, _task_type(ctx)) for ctx, code in zip(contexts, codes)]
+        if not self.read_code:
+            return [summarize_script(code, _task_type(ctx)) for ctx, code in zip(contexts, codes)]
+        out = []
+        for ctx, code in zip(contexts, codes):
+            reading = read_script(code, ctx)
+            s = summarize_script(reading.live_code if reading.compiles else code, _task_type(ctx))
+            s.reading = reading
+            out.append(s)
+        return out
 
     def transform(
         self,
@@ -611,6 +633,8 @@ class ScriptFeaturizer:
                 row += transfer_features(flat, s)
             if self.landmark_features:
                 row += landmark_features(flat, s)
+            if self.read_code:
+                row += (s.reading or read_script("", ctx)).feature_vector()
             for k in self.meta_keys:
                 meta = flat.get(k)
                 row.append(float(meta) if isinstance(meta, (int, float)) else math.nan)
@@ -636,6 +660,7 @@ class ScriptFeaturizer:
             "size_features": self.size_features,
             "transfer_features": self.transfer_features,
             "landmark_features": self.landmark_features,
+            "read_code": self.read_code,
         }
 
     @classmethod
@@ -646,6 +671,7 @@ class ScriptFeaturizer:
             size_features=bool(d.get("size_features", False)),
             transfer_features=bool(d.get("transfer_features", False)),
             landmark_features=bool(d.get("landmark_features", False)),
+            read_code=bool(d.get("read_code", False)),
         )
         f.meta_keys = list(d["meta_keys"])
         return f

@@ -52,6 +52,8 @@ __all__ = [
     "markdown_table",
     "evaluate_fidelity_halves",
     "failure_kind",
+    "outcome_kind",
+    "pairwise_accuracy",
 ]
 
 
@@ -83,6 +85,8 @@ class FidelityReport:
     residual_var_after: float | None
     mae_before: float | None
     mae_after: float | None
+    pairwise_accuracy: float | None = None
+    status_accuracy_by_kind: dict[str, dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,6 +105,7 @@ _LABELS = {
     "bias_before": "centred bias B, raw", "bias_after": "centred bias B, calibrated",
     "residual_var_before": "residual variance, raw", "residual_var_after": "residual variance, calibrated",
     "mae_before": "mean abs. error, raw", "mae_after": "mean abs. error, calibrated",
+    "pairwise_accuracy": "pairwise accuracy (within group)",
 }  # fmt: skip
 
 
@@ -178,6 +183,7 @@ def fidelity_from_scores(
     wm_status: Sequence[str | None] | None = None,
     true_status: Sequence[str] | None = None,
     failure_kinds: Sequence[str | None] | None = None,
+    detail_kinds: Sequence[str] | None = None,
     *,
     calibration_fraction: float = 0.5,
     seed: int = 0,
@@ -189,7 +195,8 @@ def fidelity_from_scores(
     The calibration part is a seeded random ``calibration_fraction`` of the covered
     records; with ``calibration_fraction=0`` no calibration is done (``*_after`` is None).
     ``failure_kinds``: per record ``"memory"`` / ``"time"`` when the true run died of that
-    limit, else ``None`` (for the per-failure status accuracies).
+    limit, else ``None`` (for the per-failure status accuracies). ``detail_kinds``: per
+    record :func:`outcome_kind` of the truth, for ``status_accuracy_by_kind``.
     """
     n = len(true_scores)
     if not (len(wm_scores) == n == len(groups)):
@@ -208,6 +215,12 @@ def fidelity_from_scores(
         for kind in kind_accuracy:
             hits = [a == b for a, b, c, k in zip(wm_status, true_status, covered, kinds) if c and k == kind]
             kind_accuracy[kind] = float(np.mean(hits)) if hits else None
+    by_kind = None
+    if detail_kinds is not None and wm_status is not None and true_status is not None:
+        by_kind = {}
+        for kind in sorted(set(detail_kinds)):
+            hits = [a == b for a, b, c, k in zip(wm_status, true_status, covered, detail_kinds) if c and k == kind]
+            by_kind[kind] = {"n": len(hits), "status_accuracy": float(np.mean(hits)) if hits else None}
     idx = np.flatnonzero(covered)
     w = np.array([wm_scores[int(i)] for i in idx], dtype=np.float64)
     t = np.array([true_scores[int(i)] for i in idx], dtype=np.float64)
@@ -252,7 +265,56 @@ def fidelity_from_scores(
         residual_var_after=var_a,
         mae_before=float(np.mean(np.abs(w_ev - t_ev))) if len(ev) else None,
         mae_after=float(np.mean(np.abs(w_cal_ev - t_ev))) if w_cal_ev is not None else None,
+        pairwise_accuracy=pairwise_accuracy(w_ev, t_ev, g_ev),
+        status_accuracy_by_kind=by_kind,
     )
+
+
+def pairwise_accuracy(w: np.ndarray, t: np.ndarray, groups: Sequence[Hashable]) -> float | None:
+    """Share of within-group pairs with different true scores that ``w`` orders the same way
+    (a tie in ``w`` counts one half); ``None`` without such pairs.
+
+    >>> pairwise_accuracy(np.array([0.1, 0.2, 0.3]), np.array([1.0, 2.0, 3.0]), ["a", "a", "a"])
+    1.0
+    """
+    hits, n = 0.0, 0
+    for key in dict.fromkeys(groups):
+        m = np.array([x == key for x in groups], dtype=bool)
+        wg, tg = w[m], t[m]
+        dt = np.sign(tg[:, None] - tg[None, :])
+        dw = np.sign(wg[:, None] - wg[None, :])
+        upper = np.triu(np.ones_like(dt, dtype=bool), k=1) & (dt != 0)
+        n += int(upper.sum())
+        hits += float((dw[upper] == dt[upper]).sum()) + 0.5 * float((dw[upper] == 0).sum())
+    return hits / n if n else None
+
+
+def outcome_kind(outcome: Any) -> str:
+    """What happened in a true run, finer than its status: ``valid``, ``memory``, ``time``,
+    ``import``, ``invalid_submission``, ``no_submission``, ``syntax_error``, ``runtime_error``.
+
+    >>> from wmrl_envs.outcome import Outcome
+    >>> outcome_kind(Outcome("runtime_error", 0.1, feedback="ModuleNotFoundError: No module named 'catboost'"))
+    'import'
+    """
+    status = outcome.status
+    feedback = str(outcome.feedback or "")
+    metrics = outcome.metrics if isinstance(outcome.metrics, dict) else {}
+    if status == "timeout":
+        return "time"
+    if status == "runtime_error":
+        if (
+            metrics.get("exec_status") == "killed_memory"
+            or "MemoryError" in feedback
+            or "Unable to allocate" in feedback
+        ):
+            return "memory"
+        if "ModuleNotFoundError" in feedback or "ImportError" in feedback:
+            return "import"
+        return "runtime_error"
+    if status == "no_submission":
+        return "invalid_submission" if metrics.get("invalid_reason") else "no_submission"
+    return str(status)
 
 
 def failure_kind(outcome: Any) -> str | None:
@@ -332,6 +394,7 @@ def evaluate_fidelity_halves(
         [None if p is None else p.status for p in preds],
         [_true_status(r) for r in records],
         [failure_kind(r.outcome) for r in records],
+        [outcome_kind(r.outcome) for r in records],
     )
     return [
         fidelity_from_scores(
