@@ -3,8 +3,8 @@
 ::
 
     wmrl-wm fit --logs a.jsonl b.jsonl.gz --out model_dir [--split train] [--tier small|full] [--max-iter 200]
-                [--extra-logs corpus/*.jsonl.gz] [--transfer-features] [--percentile-head regressor|ranker|both]
-                [--n-ensemble 5] [--landmarks]
+                [--extra-logs corpus/*.jsonl.gz] [--agent-corpus [FILE]] [--no-read-code] [--transfer-features]
+                [--percentile-head regressor|ranker|both] [--n-ensemble 5] [--landmarks]
     wmrl-wm fidelity --model model_dir|default --logs held_out.jsonl [--split test] [--tier small|full] [--markdown out.md]
                      [--halves 5]
     wmrl-wm update --model model_dir --logs anchors.jsonl --out model_dir2
@@ -18,7 +18,8 @@
 ``--landmarks`` fills the landmark meta-features (:mod:`wmrl_envs.world_models.landmarks`) of
 logged tasks into records written before grading contexts carried them, so the model learns
 from them; ``fidelity`` and ``update`` always fill them (a model fitted without them ignores
-them). ``fidelity`` computes its ranking numbers on a seeded half of the records (the other half
+them), computing them from ``--task-root DIR/<task_id>`` for tasks the shipped table lacks
+(bring-your-own tasks), and warn, naming the tasks, when some stay unknown. ``fidelity`` computes its ranking numbers on a seeded half of the records (the other half
 calibrates); on a few held-out tasks one half is noisy, so ``--halves N`` also reports the
 within-task Spearman on the halves of seeds ``seed .. seed+N-1`` and their mean (what a
 replacement of the default is judged on). ``python -m wmrl_envs.world_models.cli`` is the
@@ -112,6 +113,15 @@ def _command(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="leave out the own-estimator landmark features (ablation; see --landmarks for the task's landmarks)",
     )
+    fit.add_argument(
+        "--no-read-code", action="store_true", help="featurise the raw script, no code reading or foreseen-failure gate"
+    )
+    fit.add_argument(
+        "--agent-corpus",
+        nargs="?",
+        const="shipped",
+        help="add the train split of the agent-style corpus (default file: the shipped one)",
+    )
     fit.add_argument("--percentile-head", choices=("regressor", "ranker", "both"), default="regressor")
     fit.add_argument("--n-ensemble", type=int, default=1, help="task-bootstrap members of the percentile head")
     fit.add_argument("--rank-rounds", type=int, default=CodeOutcomeConfig.rank_rounds)
@@ -129,12 +139,14 @@ def _command(argv: Sequence[str] | None = None) -> int:
     fid.add_argument(
         "--halves", type=int, default=1, help="also report the within-task Spearman over this many seeded halves"
     )
+    fid.add_argument("--task-root", help="directory of task directories: compute missing landmarks from them")
     fid.add_argument("--markdown", help="also write the Markdown table here")
     fid.add_argument("--json", help="also write the report as JSON here")
     upd = sub.add_parser("update", help="refit a model with extra logs (e.g. anchor outcomes)")
     upd.add_argument("--model", required=True)
     upd.add_argument("--logs", nargs="+", required=True)
     upd.add_argument("--out", required=True)
+    upd.add_argument("--task-root", help="directory of task directories: compute missing landmarks from them")
     grow = sub.add_parser("grow-corpus", help="execute reference pools on new tables into the log corpus (resumable)")
     grow.add_argument("--out", help="corpus directory (default: the shipped wmrl_envs/world_models/log_corpus)")
     grow.add_argument("--budget-minutes", type=float, default=60.0, help="start no new task after this (default 60)")
@@ -157,6 +169,12 @@ def _command(argv: Sequence[str] | None = None) -> int:
         records = _select(read_logs(args.logs), args.split, args.tier)
         records += read_logs(args.extra_logs) if args.extra_logs else []
         records = with_landmarks(records) if args.landmarks else records
+        if args.agent_corpus:
+            from wmrl_envs.world_models.agent_corpus import read_agent_corpus
+
+            records += read_agent_corpus(
+                None if args.agent_corpus == "shipped" else args.agent_corpus, splits=["train"]
+            )
         config = CodeOutcomeConfig(
             n_hash=args.n_hash, max_iter=args.max_iter, learning_rate=args.learning_rate,
             max_leaf_nodes=args.max_leaf_nodes, min_samples_leaf=args.min_samples_leaf,
@@ -164,10 +182,12 @@ def _command(argv: Sequence[str] | None = None) -> int:
             keep_training_data=not args.no_training_data, seed=args.seed, size_features=not args.no_size_features,
             transfer_features=args.transfer_features, landmark_features=not args.no_landmark_features,
             percentile_head=args.percentile_head,
-            n_ensemble=args.n_ensemble, rank_rounds=args.rank_rounds,
+            n_ensemble=args.n_ensemble, rank_rounds=args.rank_rounds, read_code=not args.no_read_code,
         )  # fmt: skip
         model = CodeOutcomeModel(config).fit(records)
-        model.info["training_logs"] = [Path(p).name for p in args.logs + args.extra_logs]
+        model.info["training_logs"] = [Path(p).name for p in args.logs + args.extra_logs] + (
+            ["agent corpus (train split)"] if args.agent_corpus else []
+        )
         model.info["training_split"] = args.split
         model.info["training_tier"] = args.tier or "all"
         out = model.save(args.out)
@@ -177,7 +197,7 @@ def _command(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(model.info["status_counts"]))
     elif args.command == "fidelity":
         model = _load_model(args.model)
-        records = with_landmarks(_select(read_logs(args.logs), args.split, args.tier))
+        records = with_landmarks(_select(read_logs(args.logs), args.split, args.tier), task_root=args.task_root)
         name = args.name or f"CodeOutcomeModel ({args.model})"
         seeds = list(range(args.seed, args.seed + max(1, args.halves)))
         reports = evaluate_fidelity_halves(
@@ -213,7 +233,7 @@ def _command(argv: Sequence[str] | None = None) -> int:
         counts = grow_agent_corpus(args.out, budget_minutes=args.budget_minutes, workers=args.workers, tasks=args.tasks)
         print(f"agent corpus: {counts['done']} runs logged ({counts['ran']} new), {counts['left']} left")
     else:
-        model = _load_model(args.model).update(with_landmarks(read_logs(args.logs)))
+        model = _load_model(args.model).update(with_landmarks(read_logs(args.logs), task_root=args.task_root))
         print(f"refitted on {model.info['n_used']} records; saved to {model.save(args.out)}")
     return 0
 

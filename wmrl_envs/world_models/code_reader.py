@@ -68,7 +68,10 @@ _ALLOC_CALLS = frozenset({"ones", "zeros", "empty", "full", "rand", "randn", "ra
 _PROBA_CALLS = frozenset({"predict_proba", "decision_function", "predict_log_proba"})
 # Rough per-fit work multipliers of model families (relative units per row x column).
 _DENSE_COPIES = 2.0  # a ColumnTransformer holds the encoder's block while np.hstack copies it
-_PY_LOOP_RATE = 5e6  # simple pure-Python inner-loop iterations per CPU-second (order of magnitude)
+_PY_LOOP_RATE = 5e6
+# Estimated fit work (reader units) per second of time limit above which a timeout is foreseen:
+# no logged run that finished was above 10^10.1; the gate leaves a 25x margin.
+_WORK_GATE = 11.5  # simple pure-Python inner-loop iterations per CPU-second (order of magnitude)
 
 
 @dataclass
@@ -730,7 +733,9 @@ class _Reader:
         onehot = float(self.meta.get("onehot_width") or math.nan)
         n_numeric = float(self.meta.get("n_numeric") or math.nan)
         width = float(self.meta.get("n_cols") or math.nan)
+        n_train = self._rows()[0]
         dense = False
+        blocks: list[tuple[ast.Call, float]] = []  # dense float64 blocks that certainly materialise: (call, cells)
         for c in self.calls:
             name = _call_name(c)
             over_all = any(
@@ -752,10 +757,15 @@ class _Reader:
                     isinstance(e, ast.Call) and _call_name(e) == "list" for e in parent.elts
                 )
                 width = max(width, all_width if in_all else onehot) if not math.isnan(width) else onehot
+                capped = _kw(c, "min_frequency") is not None or _kw(c, "max_categories") is not None
+                if in_all and sparse is not None and _value(sparse, self.consts) is False and not capped:
+                    blocks.append((c, n_train * all_width))  # fitted on the training rows only
             elif name == "get_dummies":
                 dense = True
                 cols_kw = _kw(c, "columns")
                 width = max(width, all_width if cols_kw is not None and over_all else onehot)
+                if cols_kw is not None and over_all and _value(_kw(c, "dtype"), self.consts) is _UNKNOWN:
+                    blocks.append((c, n_train * all_width))  # dtype=float: float64 cells, train rows at least
         for c in self.calls:
             if _call_name(c) == "PolynomialFeatures":
                 degree = (
@@ -763,9 +773,21 @@ class _Reader:
                 )
                 base = width if "get_dummies" in self.names else n_numeric
                 if not math.isnan(base):
-                    width = max(width, float(math.comb(int(base) + int(degree), int(degree))))
+                    out = float(math.comb(int(base) + int(degree), int(degree)))
+                    width = max(width, out)
+                    if _kw(c, "interaction_only") is None:  # at least `base` inputs: C(base + d, d) outputs
+                        blocks.append((c, n_train * out))
                 dense = True
         self.width = width
+        memory_limit = float(self.limits.get("memory_bytes") or math.nan)
+        for call, cells in blocks:
+            if memory_limit > 0 and cells * 8.0 > memory_limit and not _in_try(call, self.parents):
+                self._fail(
+                    call,
+                    "runtime_error",
+                    f"one dense copy of its {_call_name(call)} output takes {cells * 8.0 / 2**30:.1f} GiB, over the "
+                    f"{memory_limit / 2**30:.1f} GiB memory limit",
+                )
         rows = sum(self._rows())
         memory = float(self.limits.get("memory_bytes") or math.nan)
         self.f["read:log10_dense_width"] = math.log10(width) if width > 0 else math.nan
@@ -818,6 +840,8 @@ class _Reader:
         self.f["read:log10_fit_work"] = math.log10(total)
         wall = float(self.limits.get("wall_seconds") or math.nan)
         self.f["read:log10_work_per_second"] = math.log10(total / wall) if wall > 0 else math.nan
+        if wall > 0 and math.log10(total / wall) > _WORK_GATE:
+            self._fail(ast.Pass(lineno=10**6), "timeout", "its estimated fit work is far beyond the time limit")
 
     def _model_work(self, call: ast.Call, rows: float, width: float) -> float:
         name = _call_name(call) or ""
