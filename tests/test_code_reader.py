@@ -311,3 +311,24 @@ def test_missing_landmarks_warn_and_are_refilled_from_the_task_directory(tmp_pat
     assert "landmark_gain" not in kept.context["meta"]
     (filled,) = with_landmarks([record], task_root=tmp_path)
     assert "landmark_gain" in filled.context["meta"] and filled.context["meta"]["n_train"] == 225
+
+
+def test_rich_plan_scaffold_round_trips_the_grammar_and_renders_scripts():
+    from agents.llm.loading import rich_plan_replies
+    from agents.llm.scaffolds import TaskSpec, make_scaffold
+    from wmrl_envs.autoresearch.plans import plan_from_text, plan_to_text
+
+    task = get_task("credit_data")
+    rng = random.Random(1)
+    for _ in range(200):
+        plan = sample_plan(rng, task, mistake_rate=0.0)
+        assert plan_from_text(plan_to_text(plan), task) == plan
+    scaffold = make_scaffold("rich")
+    spec = TaskSpec.from_task("credit_data")
+    replies = rich_plan_replies(["credit_data", "boston"], n=12, seed=0)
+    actions = {scaffold.to_action(scaffold.response_prefix + r, spec) for r in replies}
+    assert len(actions) == 12 and all(a.startswith("```python") for a in actions)
+    assert scaffold.to_action("family: nonsense", spec) == "family: nonsense"  # graded malformed
+    # numbers snap to the grid; inapplicable choices fall back
+    plan = plan_from_text("family: pipeline; model: forest; n_estimators: 280; target: log", task)
+    assert plan.params["n_estimators"] == 300 and plan.target_transform == "none"

@@ -25,6 +25,7 @@ from typing import Any
 __all__ = [
     "POLICIES",
     "WARM_START_REPLIES",
+    "rich_plan_replies",
     "load_policy",
     "load_policy_weights",
     "lora_by_default",
@@ -65,15 +66,38 @@ def warm_start_plans(
     from wmrl_envs.autoresearch.tasks import list_catalog
 
     specs = [TaskSpec.from_task(t) for t in (tasks or list_catalog("train"))]
+    scaffold = scaffold or PlanScaffold()
+    replies = (
+        rich_plan_replies(tasks or list_catalog("train"), seed=seed)
+        if getattr(scaffold, "name", "") == "rich"
+        else WARM_START_REPLIES
+    )
     return warm_start(
         policy,
-        scaffold or PlanScaffold(),
+        scaffold,
         specs,
-        WARM_START_REPLIES,
+        replies,
         steps=steps,
         learning_rate=learning_rate,
         seed=seed,
     )
+
+
+def rich_plan_replies(tasks: Sequence[str], n: int = 48, seed: int = 0) -> list[str]:
+    """``n`` demonstrations for the rich plan scaffold, drawn at random from the whole plan
+    grammar (:func:`~wmrl_envs.autoresearch.plans.sample_plan`, no mistakes) over ``tasks``, so
+    a warm-started policy spreads over the space instead of collapsing to a few scripts.
+    Each is the text after the scaffold's ``"family:"`` prefix."""
+    import random
+
+    from wmrl_envs.autoresearch.plans import plan_to_text, sample_plan
+    from wmrl_envs.autoresearch.tasks import get_task
+
+    rng = random.Random(seed)
+    loaded = [get_task(t) for t in tasks]
+    return [
+        plan_to_text(sample_plan(rng, rng.choice(loaded), mistake_rate=0.0)).removeprefix("family:") for _ in range(n)
+    ]
 
 
 def lora_by_default(spec: str) -> bool:

@@ -12,6 +12,8 @@ script, or an information request), so either feeds the same env and wrappers.
   tolerantly and :func:`render_plan` turns them into a complete runnable scikit-learn
   script for the task (target, id column, submission format from the task's fields).
   An unreadable plan is passed through as-is, so the env grades it ``malformed``.
+* :class:`RichPlanScaffold` — the agent-style plan grammar of
+  :mod:`wmrl_envs.autoresearch.plans` (>= 10^4 distinct scripts per task).
 
 Classes: :class:`TaskSpec`, :class:`Plan`, :class:`Scaffold`, :class:`RawCodeScaffold`,
 :class:`PlanScaffold`. Functions: :func:`extract_script`, :func:`parse_plan`,
@@ -37,6 +39,7 @@ __all__ = [
     "Scaffold",
     "RawCodeScaffold",
     "PlanScaffold",
+    "RichPlanScaffold",
     "extract_script",
     "parse_plan",
     "render_plan",
@@ -509,11 +512,60 @@ class PlanScaffold:
         return _fenced(render_plan(plan, task))
 
 
-SCAFFOLDS = {"raw": RawCodeScaffold, "plan": PlanScaffold}
+@dataclass
+class RichPlanScaffold:
+    """The agent-style plan grammar (:mod:`wmrl_envs.autoresearch.plans`): family, model and
+    its hyperparameters over wide ranges, preprocessing, features, ensembles and searches,
+    rendered into the script an agent would write (pipelines, pandas, encodings, LightGBM /
+    XGBoost, searches, stacking) -- more than 10^4 distinct scripts per task, including
+    settings that exceed a task's limits. Every reply is primed with ``"family:"``.
+
+    Catalog tasks only: the renderer reads the task's columns (``get_task(task_id)``); a
+    reply it cannot read, or a task it cannot load, is passed through (graded ``malformed``).
+
+    Args:
+        max_feedback_chars: later observations (execution feedback) are cut to this.
+    """
+
+    name: str = "rich"
+    response_prefix: str = "family:"
+    max_feedback_chars: int = 400
+
+    def initial_messages(self, obs: str, task: TaskSpec) -> list[Message]:
+        from wmrl_envs.autoresearch.plans import grammar_help
+
+        s = task.stats
+        card = [
+            f"Task: {task.question or task.task_id}",
+            f"Type: {task.task_type}; metric: {task.metric}; predict column '{task.target}'.",
+            f"Data: {s.get('n_train', '?')} training rows, {s.get('n_numeric', '?')} numeric and "
+            f"{s.get('n_categorical', '?')} categorical columns.",
+        ]
+        system = "You are a data scientist. You write a solution plan as key: value lines."
+        user = "\n".join(card) + "\n\nWrite the plan using these lines:\n" + grammar_help()
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+    def followup_message(self, obs: str, task: TaskSpec) -> Message:
+        text = obs[-self.max_feedback_chars :]
+        return {"role": "user", "content": f"Result of your plan:\n{text}\n\nWrite an improved plan."}
+
+    def to_action(self, text: str, task: TaskSpec) -> str:
+        from wmrl_envs.autoresearch.plans import plan_from_text, render
+        from wmrl_envs.autoresearch.tasks import get_task
+
+        try:
+            catalog_task = get_task(task.task_id)
+        except (FileNotFoundError, KeyError, ValueError):
+            return text.strip()
+        plan = plan_from_text(text, catalog_task)
+        return text.strip() if plan is None else _fenced(render(plan, catalog_task))
+
+
+SCAFFOLDS = {"raw": RawCodeScaffold, "plan": PlanScaffold, "rich": RichPlanScaffold}
 
 
 def make_scaffold(name: str, **kwargs: Any) -> Scaffold:
-    """``"raw"`` or ``"plan"`` with its keyword arguments."""
+    """``"raw"``, ``"plan"`` or ``"rich"`` with its keyword arguments."""
     if name not in SCAFFOLDS:
         raise ValueError(f"unknown scaffold {name!r}; choose from {sorted(SCAFFOLDS)}")
     return SCAFFOLDS[name](**kwargs)

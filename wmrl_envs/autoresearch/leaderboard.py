@@ -12,8 +12,9 @@ keeps the scores of the valid reference solutions as the leaderboard
 (``private/leaderboard.json``) and writes one execution-log line per run (the world
 model's training data; format in docs/contracts.md) to ``data/logs/<task_id>.jsonl``.
 
-Scripts target the sandbox interpreter (Debian python3: numpy 1.24, pandas 1.5,
-scikit-learn 1.2), so they avoid newer APIs.
+The leaderboards were built under Debian's python3 (numpy 1.24, pandas 1.5, scikit-learn
+1.2), before the pinned solutions' runtime (:mod:`wmrl_envs.sandbox.runtime`); the scripts
+avoid APIs newer than that, and also run under the runtime.
 
 Classes: :class:`PoolSolution`, :class:`LeaderboardConfig`. Functions:
 :func:`reference_pool`, :func:`build_leaderboards`, :func:`load_leaderboard`,

@@ -38,8 +38,11 @@ True
 >>> space_size(task) > 10_000
 True
 
+A policy writes a plan as ``key: value`` lines (:func:`plan_to_text`, :func:`grammar_help`);
+:func:`plan_from_text` reads them back, snapping values to the grammar's grid.
+
 Classes: :class:`Plan`. Functions: :func:`sample_plan`, :func:`render`, :func:`render_exploit`,
-:func:`space_size`, :func:`plan_id`. Constants: :data:`FAMILIES`, :data:`MODELS`,
+:func:`space_size`, :func:`plan_id`, :func:`plan_to_text`, :func:`plan_from_text`, :func:`grammar_help`. Constants: :data:`FAMILIES`, :data:`MODELS`,
 :data:`MISTAKES`, :data:`EXPLOITS`.
 """
 
@@ -49,6 +52,7 @@ import hashlib
 import json
 import math
 import random
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -66,6 +70,9 @@ __all__ = [
     "render_exploit",
     "space_size",
     "plan_id",
+    "plan_to_text",
+    "plan_from_text",
+    "grammar_help",
 ]
 
 FAMILIES = ("pipeline", "pandas", "encoding", "gbm_lib", "search", "ensemble")
@@ -771,3 +778,143 @@ def _dummy_lines(task: Task, regression: bool) -> list[str]:
 
 def _join(*blocks: Sequence[str]) -> str:
     return "\n".join(line for block in blocks for line in block) + "\n"
+
+
+# ---------------------------------------------------------------------------------------
+# plans as text: what a policy writes
+
+
+_TEXT_DEFAULTS = {"impute": "median", "scale": "standard", "encode": "onehot", "rare": 0, "target": "none"}
+_CHOICES = {
+    "impute": ("median", "mean", "zero"),
+    "scale": ("standard", "robust", "minmax", "none"),
+    "encode": ("onehot", "ordinal", "frequency", "target", "native"),
+    "target": ("none", "log"),
+}
+_ENSEMBLE_MEMBERS = ("linear", "forest", "hist_gb", "knn", "extra_trees", "lightgbm")
+
+
+def plan_to_text(plan: Plan) -> str:
+    """The ``key: value`` lines a policy writes for ``plan`` (mistakes are not expressible)."""
+    lines = [f"family: {plan.family}", f"model: {plan.model}"]
+    for k, v in plan.params.items():
+        lines.append(f"{k}: {_fmt_value(v)}")
+    lines += [f"impute: {plan.impute}", f"scale: {plan.scale}", f"encode: {plan.encode}"]
+    if plan.rare_min_frequency:
+        lines.append(f"rare: {plan.rare_min_frequency}")
+    if plan.features:
+        lines.append("features: " + " ".join(plan.features))
+    if plan.target_transform != "none":
+        lines.append(f"target: {plan.target_transform}")
+    if plan.ensemble:
+        lines.append("ensemble: " + " ".join(plan.ensemble))
+    if plan.search:
+        lines.append("search: " + " ".join(map(str, plan.search)))
+    return "\n".join(lines)
+
+
+def _fmt_value(v: Any) -> str:
+    if v is None:
+        return "none"
+    if isinstance(v, tuple):
+        return "x".join(map(str, v))
+    return str(v)
+
+
+def _snap(raw: str, allowed: Sequence[Any]) -> Any:
+    """The allowed value ``raw`` names: an exact text match, else the nearest number (log scale)."""
+    text = raw.strip().strip("`*\"'").lower()
+    for a in allowed:
+        if _fmt_value(a).lower() == text:
+            return a
+    nums = [a for a in allowed if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    try:
+        x = float(text)
+    except ValueError:
+        return _UNSET
+    if not nums or not math.isfinite(x):
+        return _UNSET
+    if x > 0 and all(a > 0 for a in nums):
+        return min(nums, key=lambda a: abs(math.log(a) - math.log(x)))
+    return min(nums, key=lambda a: abs(a - x))
+
+
+_UNSET = object()
+
+
+def plan_from_text(text: str, task: Task | None = None) -> Plan | None:
+    """Read a plan back from ``key: value`` (or ``key=value``) lines; ``None`` without a known
+    family and model. Values snap to the grammar's grid (numbers to the nearest allowed
+    value); unknown keys and values fall back to defaults; choices that do not apply to the
+    task (a log target on a classification task) are dropped.
+
+    >>> plan_from_text("family: pipeline\\nmodel: forest\\nn_estimators: 280\\nmax_depth: none").params["n_estimators"]
+    300
+    """
+    values: dict[str, str] = {}
+    for part in re.split(r"[\n;]+|\s+(?=[a-z_][a-z0-9_]*\s*[:=])", text):
+        m = re.match(r"^\s*[-*#>`]*\s*([a-z_][a-z0-9_]*)\s*[:=]\s*(.*?)\s*$", part.strip().lower())
+        if m:
+            values.setdefault(m.group(1), m.group(2))
+    family, model = values.get("family", "").strip(), values.get("model", "").strip()
+    if family not in FAMILIES or model not in MODELS:
+        return None
+    if family == "gbm_lib" and model not in ("lightgbm", "xgboost"):
+        family = "pandas"
+    params: dict[str, Any] = {}
+    for k, grid in MODELS[model].items():
+        raw = values.get(k.lower())
+        v = _snap(raw, grid) if raw is not None else _UNSET
+        if v is _UNSET and k == "hidden_layer_sizes" and raw is not None:
+            sizes = tuple(int(s) for s in re.findall(r"\d+", raw))
+            v = sizes if sizes in grid else _UNSET
+        params[k] = grid[len(grid) // 2] if v is _UNSET else v
+    choice = {}
+    for k, allowed in _CHOICES.items():
+        v = values.get(k, "").strip()
+        choice[k] = v if v in allowed else _TEXT_DEFAULTS[k]
+    encode = "native" if family == "gbm_lib" else choice["encode"]
+    if encode == "native" and family != "gbm_lib":
+        encode = "onehot"
+    if family not in ("encoding", "gbm_lib") and encode in ("frequency", "target"):
+        encode = "onehot"
+    rare = _snap(values["rare"], (0, 5, 20)) if "rare" in values else 0
+    features = tuple(sorted({f for f in re.split(r"[\s,+]+", values.get("features", "")) if f in _FEATURES}))
+    ensemble: tuple[str, ...] = ()
+    if family == "ensemble":
+        ensemble = tuple(dict.fromkeys(m for m in re.split(r"[\s,+]+", values.get("ensemble", "")) if m in _ENSEMBLE_MEMBERS and m != model))[:2]  # fmt: skip
+        ensemble = ensemble or (("linear",) if model != "linear" else ("forest",))
+    search = None
+    if family == "search":
+        parts = values.get("search", "").split()
+        kind = parts[0] if parts and parts[0] in ("grid", "random") else "random"
+        n = _snap(parts[1], (4, 8, 16)) if len(parts) > 1 else 8
+        cv = _snap(parts[2], (3, 5)) if len(parts) > 2 else 3
+        search = (kind, 8 if n is _UNSET else n, 3 if cv is _UNSET else cv)
+    regression = task is not None and task.task_type == "regression"
+    return Plan(
+        family=family,
+        model=model,
+        params=params,
+        impute=choice["impute"],
+        scale=choice["scale"],
+        encode=encode,
+        rare_min_frequency=0 if rare is _UNSET else int(rare),
+        features=features,
+        target_transform=choice["target"] if regression else "none",
+        ensemble=ensemble,
+        search=search,
+    )
+
+
+def grammar_help() -> str:
+    """The plan grammar in a few lines, for a policy's prompt."""
+    models = "; ".join(f"{m} ({', '.join(hp)})" for m, hp in MODELS.items())
+    return (
+        f"family: one of {', '.join(FAMILIES)}\n"
+        f"model: one of {', '.join(MODELS)}; then its hyperparameters as key: value lines: {models}\n"
+        "impute: median | mean | zero; scale: standard | robust | minmax | none\n"
+        "encode: onehot | ordinal (encoding family: also frequency | target); rare: 0 | 5 | 20\n"
+        f"features: any of {' '.join(_FEATURES)}; target: none | log (regression)\n"
+        f"ensemble (ensemble family): up to two of {' '.join(_ENSEMBLE_MEMBERS)}; search (search family): grid|random N CV"
+    )

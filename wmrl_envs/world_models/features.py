@@ -121,8 +121,11 @@ HYPERPARAMETERS = (
 )  # fmt: skip
 _COUNT_LIKE = {"n_estimators", "max_iter", "n_neighbors", "max_leaf_nodes", "min_samples_leaf", "min_samples_split",
                "num_leaves", "hidden_layer_sizes", "n_components", "k", "n_iter", "max_depth", "cv", "n_splits", "C", "alpha", "gamma"}  # fmt: skip
-# What the sandbox interpreter can import (docs/contracts.md): the standard library and these.
-_SANDBOX_PACKAGES = frozenset({"numpy", "pandas", "sklearn", "scipy", "joblib", "threadpoolctl", "dateutil", "pytz"})
+# What the solutions' runtime can import besides the standard library (docs/contracts.md); the
+# code reader checks imports against the runtime's full inventory.
+_SANDBOX_PACKAGES = frozenset(
+    {"numpy", "pandas", "sklearn", "scipy", "joblib", "threadpoolctl", "dateutil", "pytz", "lightgbm", "xgboost"}
+)
 _CLASSIFIER_NAMES = frozenset(n for fam in ESTIMATOR_FAMILIES.values() for n in fam if n.endswith("Classifier") or n.endswith("NB")) | {
     "LogisticRegression", "LogisticRegressionCV", "SVC", "NuSVC", "LinearSVC", "Perceptron",
     "LinearDiscriminantAnalysis", "QuadraticDiscriminantAnalysis", "NearestCentroid",
