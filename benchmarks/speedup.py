@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,13 +50,23 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from agents.llm.loading import load_policy, load_world_model, warm_start_plans
-from benchmarks.common import ARMS, cpu_clock, new_figure, save_figure, summarize_seeds
-from benchmarks.report import machine_summary, markdown_table, write_results
+from benchmarks.common import cpu_clock, new_figure, save_figure, summarize_seeds
+from benchmarks.report import machine_summary, markdown_table, write_json, write_results
 from wmrl_envs.config_cli import config_to_dict
 from wmrl_envs.vector import make_vector_env
 from wrappers import CalibrationConfig, build_stack
 
-__all__ = ["SpeedupConfig", "CONFIG", "run", "cost_to_reach", "headline", "tables", "ARM_METRICS"]
+__all__ = [
+    "SpeedupConfig",
+    "CONFIG",
+    "run",
+    "cost_to_reach",
+    "headline",
+    "tables",
+    "ARM_METRICS",
+    "SPEEDUP_ARMS",
+    "build_summary",
+]
 
 NAME = "speedup"
 
@@ -63,8 +74,14 @@ NAME = "speedup"
 ARM_METRICS = (
     "cost_cpu_s", "wall_s", "steps", "gen_cpu_s", "real_grading_cpu_s", "wm_grading_cpu_s", "update_cpu_s",
     "other_cpu_s", "real_executions", "anchor_share", "final_heldout", "best_heldout", "step_cpu_s",
-    "final_train_reward", "anchor_weight", "monitor_gap", "monitor_rank_agreement",
+    "final_train_reward", "anchor_weight", "monitor_gap", "monitor_rank_agreement", "cache_hits",
+    "distinct_scripts_per_task",
 )  # fmt: skip
+
+#: The arms: the three stacks, plus ``real1`` -- real execution with one group per step, so
+#: it takes as many optimizer steps per CPU-second as its execution cost allows (separates
+#: "cheaper reward" from "more steps").
+SPEEDUP_ARMS = ("real", "real1", "wm", "wmrl")
 
 RATIO_METRICS = ("reach_ratio", "ideal_ratio", "real_reach_cost", "wmrl_reach_cost")
 
@@ -74,7 +91,7 @@ class SpeedupConfig:
     """Knobs of the budget-matched speedup (defaults: the main job, <= 15 min on 2 cores).
 
     Attributes:
-        arms: training arms to run, from ``real``, ``wm``, ``wmrl``.
+        arms: training arms to run, from :data:`SPEEDUP_ARMS` (``real``, ``real1``, ``wm``, ``wmrl``).
         seeds: seeds (task sampling, sampling, anchor choice); mean and spread over them.
         tier: AutoResearch task tier: ``full`` (20-40k-row tables, runs of seconds to minutes)
             or ``small`` (the 2,500-row catalog).
@@ -95,7 +112,12 @@ class SpeedupConfig:
             shared by all arms; 0 = none).
         warm_start_lr: learning rate of that warm start.
         scaffold: ``plan`` (compact plan scaffold) or ``raw`` (raw code).
-        world_model: ``default`` (shipped fitted CodeOutcomeModel) or a saved model directory.
+        world_model: ``out-of-sample`` (fitted at the start of the run on every shipped log
+            whose task is none of the policy's training or held-out tasks; its fit set, the
+            overlap (``[]``) and its one-off cost are in ``summary.json``), ``default`` (the
+            shipped model, which has seen the catalog's train split) or a saved model directory.
+        outcome_cache: every arm executes a distinct (script, inputs, limits) once; repeats
+            are served from the arm's own cache (counted, free). Arms never share a cache.
         anchor_fraction: target share of anchor groups (WMRL arm).
         anchor_min_per_step: floor of anchor groups per step (0: the target share is met over
             the run by error diffusion, not forced to one group per step).
@@ -116,7 +138,7 @@ class SpeedupConfig:
         save_policies: write each arm's final weights to ``arms/<arm>-seed<s>/policy.pt``.
     """
 
-    arms: tuple[str, ...] = ARMS
+    arms: tuple[str, ...] = SPEEDUP_ARMS
     seeds: tuple[int, ...] = (0,)
     tier: str = "full"
     budget_cpu_s: float = 150.0
@@ -133,7 +155,8 @@ class SpeedupConfig:
     warm_start_steps: int = 150
     warm_start_lr: float = 5e-3
     scaffold: str = "plan"
-    world_model: str = "default"
+    world_model: str = "out-of-sample"
+    outcome_cache: bool = True
     anchor_fraction: float = 0.10
     anchor_min_per_step: int = 0
     calibration_start_pairs: int = 16
@@ -153,9 +176,9 @@ class SpeedupConfig:
     save_policies: bool = False
 
     def __post_init__(self) -> None:
-        bad = [a for a in self.arms if a not in ARMS]
+        bad = [a for a in self.arms if a not in SPEEDUP_ARMS]
         if bad or not self.arms or len(set(self.arms)) != len(self.arms):
-            raise ValueError(f"arms must be distinct names from {ARMS}, got {self.arms!r}")
+            raise ValueError(f"arms must be distinct names from {SPEEDUP_ARMS}, got {self.arms!r}")
         if not self.seeds:
             raise ValueError("seeds must name at least one seed")
         if self.tier not in ("small", "full"):
@@ -294,11 +317,16 @@ def _sum(history: Sequence[Mapping[str, Any]], key: str) -> float:
 
 
 def _arm_row(
-    arm: str, seed: int, history: Sequence[Mapping[str, Any]], budget: _Budget, config: SpeedupConfig
+    arm: str,
+    seed: int,
+    history: Sequence[Mapping[str, Any]],
+    budget: _Budget,
+    config: SpeedupConfig,
+    groups_per_step: int,
 ) -> dict[str, Any]:
     cost, wall = budget.spent()
     steps = len(history)
-    groups = steps * config.groups_per_step
+    groups = steps * groups_per_step
     anchors = sum((h.get("groups/anchor") or 0) for h in history)
     gaps = [h["monitor/gap"] for h in history if h.get("monitor/gap") is not None]
     ranks = [h["monitor/rank_agreement"] for h in history if h.get("monitor/rank_agreement") is not None]
@@ -383,96 +411,170 @@ def headline(real: Mapping[str, Any], wmrl: Mapping[str, Any]) -> dict[str, Any]
 
 
 # ------------------------------------------------------------------ run
+def _world_model(config: SpeedupConfig, policy_tasks: Sequence[str], run_dir: Path) -> tuple[Any, dict[str, Any]]:
+    """The graders' world model and its provenance: fitted out of sample (saved in the run
+    directory, so a resumed run reuses it and its recorded one-off cost), or loaded."""
+    import json
+
+    from benchmarks.speedup_accounting import fit_out_of_sample_world_model
+    from wmrl_envs.world_models import CodeOutcomeModel
+
+    if config.world_model != "out-of-sample":
+        model = load_world_model(config.world_model)
+        fit_tasks = sorted(set(model.info.get("tasks", []))) if hasattr(model, "info") else []
+        return model, {
+            "source": config.world_model, "fit_tasks": fit_tasks, "overlap": sorted(set(fit_tasks) & set(policy_tasks)),
+            "fit_cpu_s": None, "fit_logged_cpu_s": None,
+        }  # fmt: skip
+    where = run_dir / "world_model"
+    if (where / "provenance.json").is_file():
+        return CodeOutcomeModel.load(where), json.loads((where / "provenance.json").read_text())
+    model, info = fit_out_of_sample_world_model(policy_tasks)
+    info["source"] = "out-of-sample"
+    model.save(where)
+    (where / "provenance.json").write_text(json.dumps(info, indent=1))
+    return model, info
+
+
+def _one_arm(
+    arm: str, seed: int, policy: Any, scaffold: Any, world_model: Any, config: SpeedupConfig,
+    train_tasks: list[str], evaluate: Any, start_point: dict[str, Any] | None,
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
+    """Train one arm from the current weights under the budget: (row, history, guard events)."""
+    from agents.grpo import ExploitationGuard, train
+    from agents.llm.trainer import GRPOConfig, LLMAgent
+    from benchmarks.speedup_accounting import OutcomeCache, ScriptCounter, distinct_scripts
+
+    groups = 1 if arm == "real1" else config.groups_per_step
+    budget = _Budget(config, evaluate, dict(start_point) if start_point else None)
+    cache = OutcomeCache() if config.outcome_cache else None
+    counter = ScriptCounter(world_model)
+    env = make_vector_env(
+        "wmrl/AutoResearch-v0", groups * config.group_size, vectorization=config.vectorization, split="train",
+        executor=cache, **config.env_kwargs(),
+    )  # fmt: skip
+    stack = build_stack(
+        env, "real" if arm == "real1" else arm, counter, anchor_fraction=config.anchor_fraction,
+        anchor_min_per_step=config.anchor_min_per_step, seed=seed, calibration=config.calibration(),
+    )  # fmt: skip
+    callbacks: list[Any] = [budget]
+    guard = None
+    if arm == "wmrl" and config.monitor_max_gap is not None:
+        guard = ExploitationGuard(stack, max_gap=config.monitor_max_gap, action=config.monitor_action)
+        callbacks.insert(0, guard)
+    grpo = GRPOConfig(
+        groups_per_step=groups, group_size=config.group_size, total_steps=config.max_steps,
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature, learning_rate=config.learning_rate,
+        micro_batch_size=config.micro_batch_size, seed=seed, progress=False, tensorboard=False,
+    )  # fmt: skip
+    try:
+        history = train(LLMAgent(policy, stack, scaffold, grpo, tasks=train_tasks), callbacks=callbacks).history
+    finally:
+        stack.close()
+    if budget.pending:  # stopped early (guard): the remaining points are the final state
+        budget.measure(len(history))
+    row = _arm_row(arm, seed, history, budget, config, groups)
+    per_task = distinct_scripts(counter.scripts, cache.scripts if cache else {})
+    row["distinct_scripts_per_task"] = float(np.mean(list(per_task.values()))) if per_task else 0.0
+    row["distinct_scripts"] = per_task
+    row["cache_hits"] = cache.hits if cache else 0
+    row["cache_runs"] = cache.runs if cache else None
+    return row, history, guard.events if guard else []
+
+
 def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[str, Any]:
     """Every arm x seed under the budget; writes ``results.json``, ``results.md``,
-    ``heldout_vs_cost.png`` and ``monitor.png`` into ``run_dir``."""
+    ``summary.json``, ``heldout_vs_cost.png`` and ``monitor.png`` into ``run_dir``. Each
+    finished arm x seed is saved under ``run_dir/arms/``; a rerun into the same directory
+    continues where it stopped."""
+    import json
+
     import torch
 
-    from agents.grpo import ExploitationGuard, train
     from agents.llm.scaffolds import make_scaffold
-    from agents.llm.trainer import GRPOConfig, LLMAgent
-    from wmrl_envs.autoresearch.tasks import list_catalog
+    from wmrl_envs.autoresearch.landmarks import task_landmarks
+    from wmrl_envs.autoresearch.tasks import get_task, list_catalog
 
     torch.set_num_threads(config.threads)
     started = time.perf_counter()
     load_start = os.getloadavg()
     train_tasks = list(config.train_tasks or list_catalog("train", tier=config.tier))
     eval_tasks = list(config.eval_tasks or list_catalog("test", tier=config.tier))[: config.eval_max_tasks or None]
-    world_model = load_world_model(config.world_model)
+    # Fair accounting: the tasks' landmarks (every grading context carries them) are computed
+    # once, here, before any arm's clock starts, instead of by whichever arm grades first.
+    for task_id in dict.fromkeys(train_tasks + eval_tasks):
+        task_landmarks(get_task(task_id))
+    world_model, wm_info = _world_model(config, train_tasks + eval_tasks, run_dir)
     scaffold = make_scaffold(config.scaffold)
     memo = _MemoExecutor()
+    saved = run_dir / "arms"
+    saved.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     histories: dict[str, list[dict[str, Any]]] = {}
     guard_events: dict[str, list[dict[str, Any]]] = {}
     bar = tqdm(total=len(config.seeds) * len(config.arms), desc="speedup", disable=not progress)
     for seed in config.seeds:
+        todo = [a for a in config.arms if not (saved / f"{a}-seed{seed}.json").is_file()]
+        for arm in config.arms:
+            if arm not in todo:
+                done = json.loads((saved / f"{arm}-seed{seed}.json").read_text())
+                rows.append(done["row"])
+                histories[f"{arm}-seed{seed}"] = done["history"]
+                guard_events[f"{arm}-seed{seed}"] = done["guard_events"]
+                bar.update()
+        if not todo:
+            continue
         policy = load_policy(config.policy, seed=seed)
         if config.warm_start_steps:
             warm_start_plans(
-                policy,
-                train_tasks,
-                steps=config.warm_start_steps,
-                learning_rate=config.warm_start_lr,
-                seed=seed,
+                policy, train_tasks, steps=config.warm_start_steps, learning_rate=config.warm_start_lr, seed=seed,
                 scaffold=scaffold,
-            )
+            )  # fmt: skip
         initial = policy.trainable_state_dict()
+
+        def evaluate() -> dict[str, Any]:
+            return _evaluate(policy, scaffold, eval_tasks, config, seed, memo)  # noqa: B023
+
+        start_file = saved / f"start-seed{seed}.json"
         start_point: dict[str, Any] | None = None
-        for arm in config.arms:
+        if config.eval_fractions[0] == 0.0:
+            if start_file.is_file():
+                start_point = json.loads(start_file.read_text())
+            else:
+                start_point = evaluate()  # same weights and seed for every arm: measured once
+                start_file.write_text(json.dumps(start_point))
+        for arm in todo:
             bar.set_postfix(seed=seed, arm=arm)
             policy.load_trainable_state_dict(initial)
             policy.sync_backend()
-
-            def evaluate() -> dict[str, Any]:  # used within this iteration only
-                return _evaluate(policy, scaffold, eval_tasks, config, seed, memo)  # noqa: B023
-
-            if start_point is None and config.eval_fractions[0] == 0.0:
-                start_point = evaluate()  # same weights and seed for every arm: measured once
-            budget = _Budget(config, evaluate, dict(start_point) if start_point else None)
-            env = make_vector_env(
-                "wmrl/AutoResearch-v0",
-                config.groups_per_step * config.group_size,
-                vectorization=config.vectorization,
-                split="train",
-                **config.env_kwargs(),
+            row, history, events = _one_arm(
+                arm, seed, policy, scaffold, world_model, config, train_tasks, evaluate, start_point
             )
-            stack = build_stack(
-                env, arm, world_model, anchor_fraction=config.anchor_fraction, anchor_min_per_step=config.anchor_min_per_step,
-                seed=seed, calibration=config.calibration(),
-            )  # fmt: skip
-            callbacks: list[Any] = [budget]
-            guard = None
-            if arm == "wmrl" and config.monitor_max_gap is not None:
-                guard = ExploitationGuard(stack, max_gap=config.monitor_max_gap, action=config.monitor_action)
-                callbacks.insert(0, guard)
-            grpo = GRPOConfig(
-                groups_per_step=config.groups_per_step, group_size=config.group_size, total_steps=config.max_steps,
-                max_new_tokens=config.max_new_tokens, temperature=config.temperature, learning_rate=config.learning_rate,
-                micro_batch_size=config.micro_batch_size, seed=seed, progress=False, tensorboard=False,
-            )  # fmt: skip
-            try:
-                history = train(LLMAgent(policy, stack, scaffold, grpo, tasks=train_tasks), callbacks=callbacks).history
-            finally:
-                stack.close()
-            if budget.pending:  # stopped early (guard): the remaining points are the final state
-                budget.measure(len(history))
+            rows.append(row)
             histories[f"{arm}-seed{seed}"] = history
-            guard_events[f"{arm}-seed{seed}"] = guard.events if guard else []
+            guard_events[f"{arm}-seed{seed}"] = events
+            write_json(saved / f"{arm}-seed{seed}.json", {"row": row, "history": history, "guard_events": events})
             if config.save_policies:
-                import torch
-
-                (run_dir / "arms" / f"{arm}-seed{seed}").mkdir(parents=True, exist_ok=True)
-                torch.save(policy.trainable_state_dict(), run_dir / "arms" / f"{arm}-seed{seed}" / "policy.pt")
-            rows.append(_arm_row(arm, seed, history, budget, config))
+                torch.save(policy.trainable_state_dict(), saved / f"{arm}-seed{seed}.pt")
             bar.update()
     bar.close()
+    rows.sort(key=lambda r: (config.seeds.index(r["seed"]), config.arms.index(r["arm"])))
+    return _finish(config, run_dir, rows, histories, guard_events, wm_info, memo, train_tasks, eval_tasks,
+                   started=started, load_start=load_start)  # fmt: skip
 
+
+def _finish(
+    config: SpeedupConfig, run_dir: Path, rows: list[dict[str, Any]], histories: dict[str, Any],
+    guard_events: dict[str, Any], wm_info: dict[str, Any], memo: _MemoExecutor, train_tasks: list[str],
+    eval_tasks: list[str], *, started: float, load_start: tuple[float, float, float],
+) -> dict[str, Any]:  # fmt: skip
     heads = []
     for seed in config.seeds:
         by_arm = {r["arm"]: r for r in rows if r["seed"] == seed}
         if "real" in by_arm and "wmrl" in by_arm:
             heads.append(headline(by_arm["real"], by_arm["wmrl"]))
-    summary = summarize_seeds(rows, "arm", ARM_METRICS)
+    summary = build_summary(config, rows, wm_info)
+    write_json(run_dir / "summary.json", summary)
     result = {
         "experiment": NAME,
         "config": config_to_dict(config),
@@ -481,8 +583,10 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
         "total_wall_s": time.perf_counter() - started,
         "train_tasks": train_tasks,
         "eval_tasks": eval_tasks,
+        "world_model": {k: v for k, v in wm_info.items()},
         "eval_memo": {"real_runs": memo.runs, "repeats_served": memo.hits},
-        "arms": summary,
+        "arms": summarize_seeds(rows, "arm", ARM_METRICS),
+        "summary": summary,
         "headline": heads,
         "headline_summary": summarize_seeds([{"arm": "wmrl", **h} for h in heads], "arm", RATIO_METRICS)
         if heads
@@ -497,6 +601,67 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
         plots.append(str(_plot_monitor(histories, config, run_dir / "monitor.png")))
     result["plots"] = plots
     return write_results(run_dir, result, tables(result))
+
+
+def build_summary(
+    config: SpeedupConfig, rows: Sequence[Mapping[str, Any]], wm_info: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The run's summary (``summary.json``): per arm, final held-out score and cost-to-reach
+    ratios vs the real arm at measured points, each a mean over seeds with a bootstrap 95% CI
+    and the number of seeds that reached; plus the world model's fit set, its overlap with
+    the policy's tasks and its one-off cost."""
+    from benchmarks.speedup_accounting import bootstrap_ci, reach_ratios
+
+    one_off = (wm_info.get("fit_cpu_s") or 0.0) + (wm_info.get("fit_logged_cpu_s") or 0.0)
+    wm_arms = [a for a in config.arms if a in ("wm", "wmrl")]
+    per_run = one_off / max(1, len(config.seeds) * len(wm_arms))  # amortised over the run's world-model arm runs
+    real = {r["seed"]: r for r in rows if r["arm"] == "real"}
+    arms: dict[str, Any] = {}
+    for arm in config.arms:
+        mine = [r for r in rows if r["arm"] == arm]
+        finals = [r["final_heldout"] for r in mine]
+        entry: dict[str, Any] = {
+            "seeds": [r["seed"] for r in mine],
+            "final_heldout_mean": _mean(finals),
+            "final_heldout_ci95": bootstrap_ci(finals),
+            "cpu_s": _mean([r["cost_cpu_s"] for r in mine]),
+            "steps": _mean([r["steps"] for r in mine]),
+            "cache_hits": _mean([r.get("cache_hits") for r in mine]),
+            "distinct_scripts_per_task": _mean([r.get("distinct_scripts_per_task") for r in mine]),
+        }
+        if arm != "real" and real:
+            ratios = [
+                reach_ratios(real[r["seed"]]["curve"], r["curve"], per_run if arm in wm_arms else 0.0)
+                for r in mine
+                if r["seed"] in real
+            ]
+            for key in ("ratio_final", "ratio_95gain", "ratio_final_amortized", "ratio_95gain_amortized"):
+                values = [x[key] for x in ratios]
+                name = "reach_" + key
+                entry[name] = _mean(values)
+                entry[name + "_ci95"] = bootstrap_ci(values)
+                entry[name + "_seeds_reached"] = sum(v is not None for v in values)
+        arms[arm] = entry
+    return {
+        "seeds": list(config.seeds),
+        "tier": config.tier,
+        "budget_cpu_s": config.budget_cpu_s,
+        "wm_source": wm_info.get("source"),
+        "wm_fit_tasks": wm_info.get("fit_tasks"),
+        "wm_fit_overlap": wm_info.get("overlap"),
+        "wm_one_off_cost": {
+            "fit_cpu_s": wm_info.get("fit_cpu_s"),
+            "fit_logged_cpu_s": wm_info.get("fit_logged_cpu_s"),
+            "per_world_model_arm_run_cpu_s": per_run,
+        },
+        "distinct_scripts_per_task": {a: arms[a]["distinct_scripts_per_task"] for a in arms},
+        "arms": arms,
+    }
+
+
+def _mean(values: Sequence[Any]) -> float | None:
+    known = [float(v) for v in values if v is not None]
+    return float(np.mean(known)) if known else None
 
 
 # ------------------------------------------------------------------ tables and plots
@@ -525,6 +690,9 @@ def tables(result: Mapping[str, Any]) -> str:
         for r in result["arms"]
     ]  # fmt: skip
     parts = [markdown_table(arm_rows)]
+    summary = result.get("summary")
+    if summary:
+        parts.append(_summary_table(summary, k))
     if result["headline"]:
         head_rows = [
             {
@@ -567,17 +735,68 @@ def tables(result: Mapping[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
+def _ci(mean: Any, ci: Any) -> str:
+    if mean is None:
+        return "—"
+    return f"{mean:.3g}" + (f" [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else "")
+
+
+def _summary_table(summary: Mapping[str, Any], k: int) -> str:
+    """Per arm: means over seeds with bootstrap 95% CIs; ratios at measured eval points."""
+    rows = []
+    for arm, a in summary["arms"].items():
+        row = {
+            "arm": arm,
+            f"final held-out avg@{k} [95% CI]": _ci(a["final_heldout_mean"], a["final_heldout_ci95"]),
+            "CPU s": _fmt(a["cpu_s"]),
+            "steps": _fmt(a["steps"]),
+            "cache hits": _fmt(a["cache_hits"]),
+            "distinct scripts / task": _fmt(a["distinct_scripts_per_task"]),
+        }
+        if "reach_ratio_final" in a:
+            n = len(a["seeds"])
+            row["ratio to real's final [95% CI] (seeds reached)"] = (
+                f"{_ci(a['reach_ratio_final'], a['reach_ratio_final_ci95'])} ({a['reach_ratio_final_seeds_reached']}/{n})"
+            )
+            row["ratio to 95% of real's gain (seeds reached)"] = (
+                f"{_ci(a['reach_ratio_95gain'], a['reach_ratio_95gain_ci95'])} ({a['reach_ratio_95gain_seeds_reached']}/{n})"
+            )
+            row["same, WM one-off cost amortised"] = _ci(
+                a["reach_ratio_final_amortized"], a["reach_ratio_final_amortized_ci95"]
+            )
+        rows.append(row)
+    cost = summary["wm_one_off_cost"]
+    note = (
+        f"World model: `{summary['wm_source']}`, fitted on {len(summary['wm_fit_tasks'] or [])} tasks; overlap with the "
+        f"policy's train + held-out tasks: {summary['wm_fit_overlap']}; one-off cost: fit "
+        f"{_fmt(cost['fit_cpu_s'])} CPU-s + {_fmt(cost['fit_logged_cpu_s'])} logged CPU-s of the executions it learned "
+        f"from ({_fmt(cost['per_world_model_arm_run_cpu_s'])} CPU-s per world-model arm run when amortised over this run). "
+        "Ratios: real arm's cost / the arm's cost to first reach the target at a measured evaluation point."
+    )
+    return markdown_table(rows) + "\n\n" + note
+
+
 def _fmt(x: Any) -> str:
     return "—" if x is None else f"{x:.3g}"
 
 
-_COLORS = {"real": "tab:red", "wm": "tab:grey", "wmrl": "tab:blue"}
-_STYLES = {"real": "-", "wm": ":", "wmrl": "--"}
+_COLORS = {"real": "tab:red", "real1": "tab:orange", "wm": "tab:grey", "wmrl": "tab:blue"}
+_STYLES = {"real": "-", "real1": "-.", "wm": ":", "wmrl": "--"}
+
+
+def _bootstrap_band(stack: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Pointwise bootstrap 95% band of the mean over seeds (rows of ``stack``; NaN skipped)."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(stack), size=(n_boot, len(stack)))
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # grid points past every seed's budget are all-NaN
+        means = np.nanmean(stack[idx], axis=1)
+        return np.nanquantile(means, 0.025, axis=0), np.nanquantile(means, 0.975, axis=0)
 
 
 def _plot_curves(config: SpeedupConfig, rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """Held-out score vs CPU cost per arm: the mean over seeds on a common grid, with the
-    min-max band of the seeds."""
+    bootstrap 95% band of that mean."""
     fig, ax = new_figure(7.5, 4.2)
     grid = np.linspace(0, config.budget_cpu_s, 41)
     all_y: list[float] = []
@@ -603,9 +822,8 @@ def _plot_curves(config: SpeedupConfig, rows: Sequence[Mapping[str, Any]], path:
                 label=f"{arm} (mean of {len(curves)} seed(s))",
             )
             if len(curves) > 1:
-                ax.fill_between(
-                    grid, np.nanmin(stack, axis=0), np.nanmax(stack, axis=0), color=_COLORS[arm], alpha=0.12
-                )
+                lo, hi = _bootstrap_band(stack)
+                ax.fill_between(grid, lo, hi, color=_COLORS[arm], alpha=0.12)
     if all_y:
         pad = max(0.02, 0.1 * (max(all_y) - min(all_y)))
         ax.set_ylim(min(all_y) - pad, max(all_y) + pad)

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from sandbox_helpers import local_executor  # noqa: F401
 
 from benchmarks.__main__ import main
 from benchmarks.ablation import AblationConfig
@@ -33,7 +34,17 @@ def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
     assert config["policy"] == "tiny-plan" and config["budget_cpu_s"] == 20.0
 
     arms = {r["arm"]: r for r in result["per_seed"]}
-    assert set(arms) == {"real", "wm", "wmrl"}
+    assert set(arms) == {"real", "real1", "wm", "wmrl"}
+    # The world model is out of sample by construction, and the summary says so.
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["wm_fit_overlap"] == [] and summary["wm_fit_tasks"] and summary["seeds"] == [0]
+    assert not set(summary["wm_fit_tasks"]) & set(result["train_tasks"] + result["eval_tasks"])
+    assert summary["wm_one_off_cost"]["fit_cpu_s"] > 0 and summary["wm_one_off_cost"]["fit_logged_cpu_s"] > 0
+    for arm in ("real", "real1", "wm", "wmrl"):
+        a = summary["arms"][arm]
+        assert a["distinct_scripts_per_task"] >= 1 and a["cache_hits"] >= 0 and a["steps"] >= 1
+        assert (arm == "real") != ("reach_ratio_final" in a)
+    assert arms["real1"]["steps"] > arms["real"]["steps"]  # one group per step: more, cheaper steps
     for arm, row in arms.items():
         assert f"| {arm} |" in markdown
         curve = result["curves"][f"{arm}-seed0"]
@@ -50,6 +61,7 @@ def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
         assert 0 < parts <= row["cost_cpu_s"] * 1.05 + 1.0  # components are part of the measured total
     # The raw world-model arm never executes; WMRL executes only its anchor groups.
     assert arms["wm"]["real_executions"] == 0 and arms["real"]["real_executions"] > 0
+    assert arms["wm"]["cache_runs"] == 0 and arms["real"]["cache_runs"] + arms["real"]["cache_hits"] > 0
     wmrl_groups = arms["wmrl"]["steps"] * 2
     assert arms["wmrl"]["real_executions"] <= round(arms["wmrl"]["anchor_share"] * wmrl_groups) * 2
     # The headline is derived from the same curves; an undefined ratio says why.
@@ -65,6 +77,96 @@ def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
         assert any(g > 0 for g in gaps) and all("exceed real scores" in e["reason"] for e in events)
     if gaps and gaps[0] > 0:
         assert events
+
+
+def test_bootstrap_ci_covers_a_known_mean():
+    import numpy as np
+
+    from benchmarks.speedup_accounting import bootstrap_ci
+
+    rng = np.random.default_rng(0)
+    covered = 0
+    for trial in range(200):
+        sample = rng.normal(loc=2.0, scale=1.0, size=8)
+        lo, hi = bootstrap_ci(list(sample), n_boot=2000, seed=trial)
+        covered += lo <= 2.0 <= hi
+        assert lo < float(sample.mean()) < hi
+    # percentile bootstrap of a mean of 8 normals: ~90-93% coverage (it is known to undercover)
+    assert 0.85 <= covered / 200 <= 0.99
+    assert bootstrap_ci([1.0]) is None and bootstrap_ci([None, 2.0]) is None
+
+
+def test_reach_ratios_use_measured_points_and_both_targets():
+    from benchmarks.speedup_accounting import reach_ratios
+
+    real = [
+        {"cost_cpu_s": 0.0, "heldout": 0.2},
+        {"cost_cpu_s": 50.0, "heldout": 0.5},
+        {"cost_cpu_s": 100.0, "heldout": 0.6},
+    ]
+    other = [
+        {"cost_cpu_s": 0.0, "heldout": 0.2},
+        {"cost_cpu_s": 20.0, "heldout": 0.59},
+        {"cost_cpu_s": 40.0, "heldout": 0.7},
+    ]
+    r = reach_ratios(real, other, one_off_cost=10.0)
+    # final 0.6: real at 100, other first at 40 (0.59 < 0.6 at 20: no interpolation)
+    assert r["ratio_final"] == pytest.approx(100 / 40) and r["ratio_final_amortized"] == pytest.approx(100 / 50)
+    # 95% of the gain: 0.2 + 0.95 * 0.4 = 0.58: real first at 100 (0.5 < 0.58), other at 20
+    assert r["target_95gain"] == pytest.approx(0.58) and r["ratio_95gain"] == pytest.approx(100 / 20)
+    assert (
+        reach_ratios(real, [{"cost_cpu_s": 0.0, "heldout": 0.2}, {"cost_cpu_s": 9.0, "heldout": 0.3}])["ratio_final"]
+        is None
+    )
+    flat = reach_ratios([{"cost_cpu_s": 0.0, "heldout": 0.5}, {"cost_cpu_s": 9.0, "heldout": 0.4}], other)
+    assert flat["ratio_final"] is None and "did not improve" in flat["note"]
+
+
+def test_outcome_caches_are_per_arm_and_serve_repeats_free(local_executor):  # noqa: F811
+    from benchmarks.speedup_accounting import OutcomeCache
+    from wmrl_envs.sandbox import Limits
+
+    limits = Limits(wall_seconds=20, cpu_seconds=10, memory_bytes=256 << 20)
+    script = "import random\nprint(random.random())\n"
+    a, b = OutcomeCache(local_executor), OutcomeCache(local_executor)
+    first, again = a.run(script, limits=limits), a.run(script, limits=limits)
+    assert again is first and (a.runs, a.hits) == (1, 1)
+    # another arm's cache has not seen it: it executes (and pays) for itself
+    other = b.run(script, limits=limits)
+    assert (b.runs, b.hits) == (1, 0) and other is not first and other.stdout_tail != first.stdout_tail
+    # different limits are a different run
+    a.run(script, limits=Limits(wall_seconds=20, cpu_seconds=5, memory_bytes=256 << 20))
+    assert a.runs == 2
+
+
+def test_landmarks_are_precomputed_before_any_arm_clock(monkeypatch, tmp_path):
+    """No arm pays for the tasks' landmarks: they are computed before the first arm starts."""
+    import benchmarks.speedup as speedup
+
+    calls: list[str] = []
+    import wmrl_envs.autoresearch.landmarks as lm
+
+    real = lm.task_landmarks
+    monkeypatch.setattr(lm, "task_landmarks", lambda task: calls.append(task.task_id) or real(task))
+
+    def stop(*args, **kwargs):
+        raise RuntimeError("world model reached")
+
+    monkeypatch.setattr(speedup, "_world_model", stop)
+    config = SpeedupConfig(tier="small", train_tasks=("boston", "oj"), eval_tasks=("wine",), seeds=(0,))
+    with pytest.raises(RuntimeError, match="world model reached"):
+        speedup.run(config, tmp_path, progress=False)
+    assert calls == ["boston", "oj", "wine"]
+
+
+def test_out_of_sample_world_model_excludes_the_policy_tasks():
+    from benchmarks.speedup_accounting import fit_out_of_sample_world_model
+    from wmrl_envs.autoresearch.tasks import list_catalog
+
+    tasks = list_catalog(None, tier="full")
+    model, info = fit_out_of_sample_world_model(tasks)
+    assert info["overlap"] == [] and not set(info["fit_tasks"]) & set(tasks) and model.info["n_tasks"] > 50
+    assert info["fit_cpu_s"] > 0 and info["fit_logged_cpu_s"] > 0
 
 
 def test_cost_to_reach_and_headline():
