@@ -141,7 +141,7 @@ class SpeedupConfig:
     arms: tuple[str, ...] = SPEEDUP_ARMS
     seeds: tuple[int, ...] = (0,)
     tier: str = "full"
-    budget_cpu_s: float = 150.0
+    budget_cpu_s: float = 120.0
     eval_fractions: tuple[float, ...] = (0.0, 0.5, 1.0)
     max_steps: int = 400
     groups_per_step: int = 4

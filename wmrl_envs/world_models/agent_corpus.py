@@ -160,8 +160,10 @@ def _run_job(job: dict[str, Any], executor: Any) -> dict[str, Any]:
             outcome = None
         else:
             outcome = outcome_from_execution(task, result, load_leaderboard(task))
+            # A timeout that used under 90% of its CPU budget was starved by other processes --
+            # except a script that sleeps by design (the sleep exploit), whose timeout is real.
             starved = outcome.status == "timeout" and (result.cpu_seconds is None or result.cpu_seconds < 0.9 * cpu)
-            if starved:
+            if starved and job.get("exploit") != "sleep_first":
                 outcome = None
     context = grading_context(task, limits={"wall_seconds": cpu, "memory_bytes": memory})
     extra = {k: job[k] for k in ("plan", "exploit") if k in job}

@@ -117,6 +117,8 @@ class CodeOutcomeConfig:
             invariant to formatting and naming, plus the reading features, and the
             foreseen-failure gate at prediction (default True; models saved before it existed
             load with False).
+        origin_weights: sample weight of records by ``origin`` (e.g. ``{"agent-style": 0.5}``);
+            origins not named weigh 1.0 (``anchor`` records: ``anchor_weight``).
         n_threads: OpenMP threads for fitting and prediction (default 1; ``None`` = all
             cores). One thread is the default because the model is small and OpenMP
             spin-waiting on a busy or shared machine is catastrophically slow (measured
@@ -141,6 +143,7 @@ class CodeOutcomeConfig:
     rank_rounds: int = 150
     n_ensemble: int = 1
     read_code: bool = True
+    origin_weights: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.score_mode not in ("expected", "argmax"):
@@ -259,7 +262,10 @@ class CodeOutcomeModel:
         outcomes = [_logged_outcome(r) for r in usable]
         status = np.array([o.status for o in outcomes])
         pct = np.array([np.nan if (p := percentile_of(o)) is None else p for o in outcomes], dtype=np.float64)
-        weight = np.array([self.config.anchor_weight if r.origin == "anchor" else 1.0 for r in usable])
+        by_origin = dict(self.config.origin_weights or {})
+        weight = np.array(
+            [self.config.anchor_weight if r.origin == "anchor" else by_origin.get(r.origin, 1.0) for r in usable]
+        )
         return X, status, pct, weight, np.array([r.task_id for r in usable])
 
     def _tree_kwargs(self) -> dict[str, Any]:

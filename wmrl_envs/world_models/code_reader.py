@@ -66,12 +66,11 @@ _EXIT_CALLS = frozenset({"exit", "quit", "_exit"})
 _WRITE_METHODS = frozenset({"to_csv", "savetxt", "to_parquet", "write_csv"})
 _ALLOC_CALLS = frozenset({"ones", "zeros", "empty", "full", "rand", "randn", "random", "normal", "uniform"})
 _PROBA_CALLS = frozenset({"predict_proba", "decision_function", "predict_log_proba"})
-# Rough per-fit work multipliers of model families (relative units per row x column).
 _DENSE_COPIES = 2.0  # a ColumnTransformer holds the encoder's block while np.hstack copies it
-_PY_LOOP_RATE = 5e6
-# Estimated fit work (reader units) per second of time limit above which a timeout is foreseen:
-# no logged run that finished was above 10^10.1; the gate leaves a 25x margin.
-_WORK_GATE = 11.5  # simple pure-Python inner-loop iterations per CPU-second (order of magnitude)
+_PY_LOOP_RATE = 5e6  # simple pure-Python inner-loop iterations per CPU-second (order of magnitude)
+# The estimated fit work is a feature, never a gate: a threshold that no finished run had
+# crossed (10^11.5 units per second of limit, 25x above the largest then logged) was crossed
+# by a valid stacking run that used 29.7 of its 30 CPU-seconds -- the estimate is too rough.
 
 
 @dataclass
@@ -840,8 +839,6 @@ class _Reader:
         self.f["read:log10_fit_work"] = math.log10(total)
         wall = float(self.limits.get("wall_seconds") or math.nan)
         self.f["read:log10_work_per_second"] = math.log10(total / wall) if wall > 0 else math.nan
-        if wall > 0 and math.log10(total / wall) > _WORK_GATE:
-            self._fail(ast.Pass(lineno=10**6), "timeout", "its estimated fit work is far beyond the time limit")
 
     def _model_work(self, call: ast.Call, rows: float, width: float) -> float:
         name = _call_name(call) or ""

@@ -114,13 +114,21 @@ def markdown_table(reports: Sequence[FidelityReport]) -> str:
     head = "| metric | " + " | ".join(r.name for r in reports) + " |"
     lines = [head, "|---|" + "---:|" * len(reports)]
     for f in fields(FidelityReport):
-        if f.name == "name":
+        if f.name in ("name", "status_accuracy_by_kind"):
             continue
         cells = []
         for r in reports:
             v = getattr(r, f.name)
             cells.append("n/a" if v is None else str(v) if isinstance(v, int) else f"{v:.4f}")
         lines.append(f"| {_LABELS[f.name]} | " + " | ".join(cells) + " |")
+    kinds = sorted({k for r in reports for k in (r.status_accuracy_by_kind or {})})
+    for kind in kinds:  # what truly happened: memory, time, import, invalid submission, ...
+        cells = []
+        for r in reports:
+            d = (r.status_accuracy_by_kind or {}).get(kind)
+            acc = None if d is None else d["status_accuracy"]
+            cells.append("n/a" if d is None or acc is None else f"{acc:.4f} (n={d['n']})")
+        lines.append(f"| status accuracy, true outcome {kind} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
