@@ -5,6 +5,9 @@ The golden metrics in ``tests/data/golden_*.json`` were recorded by this file's 
 code *before* the refactor (``WMRL_WRITE_GOLDEN=1 pytest tests/test_grpo_golden.py``
 rewrites them; never do that to make a refactor pass). Compared: every metric but
 timings and memory, to 1e-6 relative; metrics added since may appear, none may go missing.
+The LLM run grades with the world model that was the shipped default when the metrics were
+recorded (``tests/data/golden_world_model``, commit 10c4243), so refitting the default does
+not move them.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ def test_seeded_llm_run_matches_the_golden_metrics(tmp_path):
     env = build_stack(
         make_vector_env("wmrl/AutoResearch-v0", 4, split="train", max_turns=1),
         "wmrl",
-        CodeOutcomeModel.load_default(),
+        CodeOutcomeModel.load(GOLDEN / "golden_world_model"),
         anchor_fraction=0.5,
         calibration=CalibrationConfig(start_pairs=2, refit_every=1),
     )

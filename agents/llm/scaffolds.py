@@ -462,6 +462,31 @@ scale: yes or no
 categorical: onehot or drop"""
 
 
+def _plan_messages(task: TaskSpec, system: str, grammar: str) -> list[Message]:
+    """A compact task card (question, type, metric, size, column kinds) and the plan's grammar:
+    cheaper to prefill than the full overview for small models on CPU."""
+    s = task.stats
+    card = [
+        f"Task: {task.question or task.task_id}",
+        f"Type: {task.task_type}; metric: {task.metric}; predict column '{task.target}'.",
+    ]
+    if s:
+        card.append(
+            f"Data: {s.get('n_train', '?')} training rows, {s.get('n_numeric', '?')} numeric and "
+            f"{s.get('n_categorical', '?')} categorical columns, {100 * float(s.get('missing_fraction') or 0):.0f}% missing."
+        )
+    user = "\n".join(card) + "\n\nWrite the plan using these lines:\n" + grammar
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def _plan_followup(obs: str, max_chars: int) -> Message:
+    text = obs[-max_chars:]
+    return {
+        "role": "user",
+        "content": f"Result of your plan:\n{text}\n\nWrite an improved plan (same key: value lines).",
+    }
+
+
 @dataclass
 class PlanScaffold:
     """A few ``key: value`` lines rendered into a full scikit-learn script.
@@ -481,28 +506,13 @@ class PlanScaffold:
     max_feedback_chars: int = 400
 
     def initial_messages(self, obs: str, task: TaskSpec) -> list[Message]:
-        s = task.stats
-        card = [
-            f"Task: {task.question or task.task_id}",
-            f"Type: {task.task_type}; metric: {task.metric}; predict column '{task.target}'.",
-        ]
-        if s:
-            card.append(
-                f"Data: {s.get('n_train', '?')} training rows, {s.get('n_numeric', '?')} numeric and "
-                f"{s.get('n_categorical', '?')} categorical columns, {100 * float(s.get('missing_fraction') or 0):.0f}% missing."
-            )
         system = (
             "You are a data scientist. You choose a scikit-learn model by writing a short plan of key: value lines."
         )
-        user = "\n".join(card) + "\n\nWrite the plan using these lines:\n" + _PLAN_FORMAT
-        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        return _plan_messages(task, system, _PLAN_FORMAT)
 
     def followup_message(self, obs: str, task: TaskSpec) -> Message:
-        text = obs[-self.max_feedback_chars :]
-        return {
-            "role": "user",
-            "content": f"Result of your plan:\n{text}\n\nWrite an improved plan (same key: value lines).",
-        }
+        return _plan_followup(obs, self.max_feedback_chars)
 
     def to_action(self, text: str, task: TaskSpec) -> str:
         plan = parse_plan(text)
@@ -534,20 +544,12 @@ class RichPlanScaffold:
     def initial_messages(self, obs: str, task: TaskSpec) -> list[Message]:
         from wmrl_envs.autoresearch.plans import grammar_help
 
-        s = task.stats
-        card = [
-            f"Task: {task.question or task.task_id}",
-            f"Type: {task.task_type}; metric: {task.metric}; predict column '{task.target}'.",
-            f"Data: {s.get('n_train', '?')} training rows, {s.get('n_numeric', '?')} numeric and "
-            f"{s.get('n_categorical', '?')} categorical columns.",
-        ]
-        system = "You are a data scientist. You write a solution plan as key: value lines."
-        user = "\n".join(card) + "\n\nWrite the plan using these lines:\n" + grammar_help()
-        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        return _plan_messages(
+            task, "You are a data scientist. You write a solution plan as key: value lines.", grammar_help()
+        )
 
     def followup_message(self, obs: str, task: TaskSpec) -> Message:
-        text = obs[-self.max_feedback_chars :]
-        return {"role": "user", "content": f"Result of your plan:\n{text}\n\nWrite an improved plan."}
+        return _plan_followup(obs, self.max_feedback_chars)
 
     def to_action(self, text: str, task: TaskSpec) -> str:
         from wmrl_envs.autoresearch.plans import plan_from_text, render
