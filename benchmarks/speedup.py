@@ -773,7 +773,8 @@ def _summary_table(summary: Mapping[str, Any], k: int) -> str:
         f"from ({_fmt(cost['per_world_model_arm_run_cpu_s'])} CPU-s per world-model arm run when amortised over this run). "
         "Ratios: real arm's cost / the arm's cost to first reach the target at a measured evaluation point."
     )
-    return markdown_table(rows) + "\n\n" + note
+    columns = list(dict.fromkeys(k for row in rows for k in row))  # the real arm has no ratio columns
+    return markdown_table(rows, columns) + "\n\n" + note
 
 
 def _fmt(x: Any) -> str:
