@@ -784,7 +784,13 @@ def _join(*blocks: Sequence[str]) -> str:
 # plans as text: what a policy writes
 
 
-_TEXT_DEFAULTS = {"impute": "median", "scale": "standard", "encode": "onehot", "rare": 0, "target": "none"}
+_TEXT_DEFAULTS: dict[str, Any] = {
+    "impute": "median",
+    "scale": "standard",
+    "encode": "onehot",
+    "rare": 0,
+    "target": "none",
+}
 _CHOICES = {
     "impute": ("median", "mean", "zero"),
     "scale": ("standard", "robust", "minmax", "none"),

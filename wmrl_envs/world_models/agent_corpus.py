@@ -166,7 +166,7 @@ def _run_job(job: dict[str, Any], executor: Any) -> dict[str, Any]:
             if starved and job.get("exploit") != "sleep_first":
                 outcome = None
     context = grading_context(task, limits={"wall_seconds": cpu, "memory_bytes": memory})
-    extra = {k: job[k] for k in ("plan", "exploit") if k in job}
+    extra: dict[str, Any] = {k: job[k] for k in ("plan", "exploit") if k in job}
     return {
         "task_id": task.task_id,
         "solution_id": job["job_id"],

@@ -144,9 +144,9 @@ def _constants(tree: ast.Module) -> dict[str, Any]:
                     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                         seen.setdefault(t.id, []).append(_UNKNOWN)
     stores: dict[str, int] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            stores[node.id] = stores.get(node.id, 0) + 1
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            stores[n.id] = stores.get(n.id, 0) + 1
     return {k: v[0] for k, v in seen.items() if len(v) == 1 and v[0] is not _UNKNOWN and stores.get(k) == 1}
 
 
@@ -157,8 +157,11 @@ class _Unknown:
 _UNKNOWN = _Unknown()
 
 
-def _value(node: ast.AST, consts: Mapping[str, Any]) -> Any:
-    """The literal value of ``node`` (resolving single-assignment constants), or ``_UNKNOWN``."""
+def _value(node: ast.AST | None, consts: Mapping[str, Any]) -> Any:
+    """The literal value of ``node`` (resolving single-assignment constants), or ``_UNKNOWN``
+    (also for an absent node)."""
+    if node is None:
+        return _UNKNOWN
     if isinstance(node, ast.Name):
         return consts.get(node.id, _UNKNOWN)
     if isinstance(node, (ast.List, ast.Tuple)):
@@ -763,7 +766,8 @@ class _Reader:
                 dense = True
                 cols_kw = _kw(c, "columns")
                 width = max(width, all_width if cols_kw is not None and over_all else onehot)
-                if cols_kw is not None and over_all and _value(_kw(c, "dtype"), self.consts) is _UNKNOWN:
+                dtype = _kw(c, "dtype")  # pandas >= 2 makes bool (1-byte) dummies unless told a float dtype
+                if cols_kw is not None and over_all and dtype is not None and "float" in ast.unparse(dtype):
                     blocks.append((c, n_train * all_width))  # dtype=float: float64 cells, train rows at least
         for c in self.calls:
             if _call_name(c) == "PolynomialFeatures":
