@@ -173,7 +173,7 @@ class CodeOutcomeModel:
 
     >>> from wmrl_envs.world_models.logs import LogRecord
     >>> from wmrl_envs.outcome import Outcome
-    >>> ok = "import pandas as pd\\npd.read_csv('data/test.csv').to_csv('submission.csv')"
+    >>> ok = "import pandas as pd\\npd.read_csv('data/test.csv').to_csv('submission.csv', index=False)"
     >>> recs = [LogRecord("t", ok if i % 2 else "import xgboost", {"task_type": "binary"},
     ...         Outcome("valid", 0.5 + i / 80) if i % 2 else Outcome("runtime_error", 0.1)) for i in range(40)]
     >>> wm = CodeOutcomeModel(CodeOutcomeConfig(max_iter=20, min_samples_leaf=2)).fit(recs)
