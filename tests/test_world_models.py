@@ -75,9 +75,9 @@ def _script(kind: str, task_type: str, n: int) -> str:
 _BROKEN = {
     "runtime_error": [
         _HEAD
-        + "import xgboost\n"
+        + "import catboost\n"
         + _READ
-        + "model = xgboost.XGBClassifier()\nmodel.fit(X, train['y'])\npred = model.predict(Xt)\n"
+        + "model = catboost.CatBoostClassifier()\nmodel.fit(X, train['y'])\npred = model.predict(Xt)\n"
         + _WRITE,
         _HEAD
         + _READ
@@ -226,7 +226,7 @@ def test_summarize_script_finds_structure_and_failure_signals():
     assert s.counts["writes_submission"] == 1 and s.counts["n_bad_imports"] == 0 and s.counts["n_undefined_names"] == 0
     assert s.counts["reads_train"] == 1
     s = summarize_script(_BROKEN["runtime_error"][0], "binary")
-    assert s.bad_imports == ["xgboost"]
+    assert s.bad_imports == ["catboost"]
     s = summarize_script(_BROKEN["runtime_error"][1], "binary")
     assert s.undefined_names == ["RandomForestClassifier"]
     assert summarize_script(_BROKEN["runtime_error"][2]).counts["n_csv_outside_data"] == 1
@@ -265,8 +265,8 @@ def test_code_outcome_model_generalises_to_held_out_tasks(model, split):
         if r.outcome.status == "syntax_error":
             assert p.status == "syntax_error" and p.score == 0.0 and p.metrics == {"compile_gate": True}
         assert 0.0 <= p.score <= 1.0 and abs(sum(p.metrics.get("p_status", {"x": 1.0}).values()) - 1) < 1e-6
-    bad = next(p for p, r in zip(preds, test) if "xgboost" in r.code)
-    assert "xgboost" in bad.feedback
+    bad = next(p for p, r in zip(preds, test) if "catboost" in r.code)
+    assert "catboost" in bad.feedback
 
 
 def test_score_modes(split):

@@ -535,7 +535,10 @@ def _foreseen_outcome(status: str, reason: str) -> Outcome:
     return Outcome(
         status,
         LADDER[status],
-        feedback=f"Predicted {status}: {reason} (foreseen from the code).",
+        feedback=(
+            f"Predicted outcome (world model, not executed): most likely {status}, foreseen from the code: "
+            f"{reason}; predicted reward {LADDER[status]:.2f}."
+        ),
         metrics={"p_status": {status: 1.0}, "foreseen": reason, "confidence": 1.0},
         source="wm",
     )

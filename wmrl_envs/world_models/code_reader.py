@@ -50,6 +50,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from wmrl_envs.world_models.estimators import ESTIMATOR_FAMILIES
+
 __all__ = ["CodeReading", "read_script", "live_source", "table_columns", "READING_FEATURES"]
 
 #: The numeric features of a reading (NaN where the context lacks what they need).
@@ -717,8 +719,6 @@ class _Reader:
                 if any(s in lacking for s in ast.walk(c)):
                     self._fail(c, "runtime_error", "soft voting over an SVC built without probability=True")
                     return
-        from wmrl_envs.world_models.features import ESTIMATOR_FAMILIES
-
         models = [c for c in self.calls if any(_call_name(c) in names for names in ESTIMATOR_FAMILIES.values())]
         if uses_proba and "predict_proba" in self.names and len(models) == 1 and models[0] in lacking:
             self._fail(models[0], "runtime_error", "predict_proba on an SVC built without probability=True")
@@ -804,8 +804,6 @@ class _Reader:
 
     def _work(self) -> None:
         """Model fits (searches, CV, stacking) and their estimated work against the time limit."""
-        from wmrl_envs.world_models.features import ESTIMATOR_FAMILIES
-
         models = [c for c in self.calls if any(_call_name(c) in names for names in ESTIMATOR_FAMILIES.values())]
         self.f["read:n_models"] = float(len(models))
         self.f["read:uses_lib_boosting"] = float(

@@ -49,6 +49,7 @@ import numpy as np
 from sklearn.feature_extraction import FeatureHasher
 
 from wmrl_envs.world_models.code_reader import READING_FEATURES, read_script
+from wmrl_envs.world_models.estimators import ESTIMATOR_FAMILIES
 
 __all__ = [
     "ScriptFeaturizer",
@@ -66,34 +67,6 @@ __all__ = [
     "landmark_features",
 ]
 
-ESTIMATOR_FAMILIES: Mapping[str, frozenset[str]] = {
-    "linear": frozenset(
-        "LogisticRegression LogisticRegressionCV LinearRegression Ridge RidgeCV RidgeClassifier RidgeClassifierCV "
-        "Lasso LassoCV ElasticNet ElasticNetCV SGDClassifier SGDRegressor LinearSVC LinearSVR BayesianRidge "
-        "HuberRegressor Perceptron PassiveAggressiveClassifier PoissonRegressor TweedieRegressor QuantileRegressor".split()
-    ),
-    "tree": frozenset("DecisionTreeClassifier DecisionTreeRegressor ExtraTreeClassifier ExtraTreeRegressor".split()),
-    "forest": frozenset(
-        "RandomForestClassifier RandomForestRegressor ExtraTreesClassifier ExtraTreesRegressor BaggingClassifier BaggingRegressor".split()
-    ),
-    "boosting": frozenset(
-        "GradientBoostingClassifier GradientBoostingRegressor HistGradientBoostingClassifier HistGradientBoostingRegressor "
-        "AdaBoostClassifier AdaBoostRegressor XGBClassifier XGBRegressor LGBMClassifier LGBMRegressor "
-        "CatBoostClassifier CatBoostRegressor".split()
-    ),
-    "knn": frozenset(
-        "KNeighborsClassifier KNeighborsRegressor RadiusNeighborsClassifier RadiusNeighborsRegressor NearestCentroid".split()
-    ),
-    "svm": frozenset("SVC SVR NuSVC NuSVR".split()),
-    "naive_bayes": frozenset("GaussianNB MultinomialNB BernoulliNB ComplementNB CategoricalNB".split()),
-    "neural": frozenset("MLPClassifier MLPRegressor".split()),
-    "dummy": frozenset("DummyClassifier DummyRegressor".split()),
-    "meta": frozenset(
-        "VotingClassifier VotingRegressor StackingClassifier StackingRegressor OneVsRestClassifier CalibratedClassifierCV".split()
-    ),
-    "discriminant": frozenset("LinearDiscriminantAnalysis QuadraticDiscriminantAnalysis".split()),
-    "gaussian_process": frozenset("GaussianProcessClassifier GaussianProcessRegressor".split()),
-}
 _PREPROCESSING: Mapping[str, frozenset[str]] = {
     "scaler": frozenset(
         "StandardScaler MinMaxScaler RobustScaler MaxAbsScaler Normalizer QuantileTransformer PowerTransformer".split()
