@@ -540,17 +540,47 @@ class _Reader:
 
     # -- columns ------------------------------------------------------------------------
 
-    def _frames(self) -> dict[str, str]:
-        """Names bound to ``pd.read_csv("...train.csv" / "...test.csv")``: "train" / "test"."""
-        out = {}
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                v = node.value
-                if isinstance(v, ast.Call) and _call_name(v) == "read_csv" and v.args:
-                    path = _value(v.args[0], self.consts)
-                    if isinstance(path, str):
-                        out[node.targets[0].id] = "test" if path.endswith("test.csv") else "train"
+    def _assignments(self) -> list[tuple[str, ast.expr, ast.stmt]]:
+        """``(name, value, statement)`` of every assignment to a plain name (tuples unpacked)."""
+        out: list[tuple[str, ast.expr, ast.stmt]] = []
+        for n in ast.walk(self.tree):
+            if not (isinstance(n, ast.Assign) and len(n.targets) == 1):
+                continue
+            target = n.targets[0]
+            if isinstance(target, ast.Name):
+                out.append((target.id, n.value, n))
+            elif (
+                isinstance(target, ast.Tuple)
+                and isinstance(n.value, ast.Tuple)
+                and len(target.elts) == len(n.value.elts)
+            ):
+                out += [(t.id, v, n) for t, v in zip(target.elts, n.value.elts) if isinstance(t, ast.Name)]
         return out
+
+    def _frame_at(
+        self, name: str, line: int, assigns: list[tuple[str, ast.expr, ast.stmt]], depth: int = 0
+    ) -> str | None:
+        """What frame ``name`` holds just before ``line``: "train" / "test" when its last
+        binding before it runs unconditionally at module level and is ``pd.read_csv`` of that
+        file or a ``.drop(...)`` / ``.copy()`` of such a frame; else ``None`` (columns unknown)."""
+        before = [(v, st) for n, v, st in assigns if n == name and st.lineno < line]
+        if not before or depth > 8:
+            return None
+        value, stmt = max(before, key=lambda x: x[1].lineno)
+        if not _top_level(stmt, self.parents):
+            return None
+        if isinstance(value, ast.Call) and _call_name(value) == "read_csv" and value.args:
+            path = _value(value.args[0], self.consts)
+            return ("test" if path.endswith("test.csv") else "train") if isinstance(path, str) else None
+        if (
+            isinstance(value, ast.Call)
+            and _call_name(value) in ("drop", "copy")
+            and isinstance(value.func, ast.Attribute)
+        ):
+            source = value.func.value
+            if isinstance(source, ast.Name):
+                return self._frame_at(source.id, stmt.lineno, assigns, depth + 1)
+        return None
 
     def _columns(self) -> None:
         if not self.table["complete"]:
@@ -565,7 +595,7 @@ class _Reader:
             if isinstance(v, str)
         }
         created |= {k.arg for c in self.calls if _call_name(c) == "assign" for k in c.keywords if k.arg}
-        frames = self._frames()
+        assigns = self._assignments()
         unknown = 0
         for c in self.calls:
             if _call_name(c) != "drop" or not isinstance(c.func, ast.Attribute):
@@ -581,8 +611,11 @@ class _Reader:
             if not isinstance(wanted, list) or not all(isinstance(w, str) for w in wanted):
                 continue
             receiver = c.func.value.id if isinstance(c.func.value, ast.Name) else None
+            frame = self._frame_at(receiver, c.lineno, assigns) if receiver is not None else None
+            if frame is None:
+                continue  # a frame the reader does not know the columns of
             allowed = set(cols) | created
-            if frames.get(receiver or "") == "test" and target is not None:
+            if frame == "test" and target is not None:
                 allowed.discard(target)
             bad = [w for w in wanted if w not in allowed]
             if bad:
