@@ -338,7 +338,9 @@ def test_dropped_columns_are_checked_only_on_frames_whose_columns_are_known():
     ctx = corpus_context("titanic")
     head = "import pandas as pd\ntrain = pd.read_csv('data/train.csv')\ntest = pd.read_csv('data/test.csv')\n"
     write = "pd.DataFrame({'id': test['id'], 'survived': 0}).to_csv('submission.csv', index=False)\n"
-    missing = read_script(head + "X = train.drop(columns=['survived'])\nX = X.drop(columns=['customer_id'])\n" + write, ctx)
+    missing = read_script(
+        head + "X = train.drop(columns=['survived'])\nX = X.drop(columns=['customer_id'])\n" + write, ctx
+    )
     assert missing.foreseen is not None and "customer_id" in missing.foreseen[1]
     assert "survived" in read_script(head + "Xt = test.drop(columns=['survived'])\n" + write, ctx).foreseen[1]
     # after get_dummies (or any transformation) the frame holds other columns: no claim
