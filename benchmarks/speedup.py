@@ -37,7 +37,6 @@ Classes: :class:`SpeedupConfig`. Functions: :func:`run`, :func:`cost_to_reach`,
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 import warnings
@@ -52,6 +51,7 @@ from tqdm.auto import tqdm
 from agents.llm.loading import load_policy, load_world_model, warm_start_plans
 from benchmarks.common import cpu_clock, new_figure, save_figure, summarize_seeds
 from benchmarks.report import machine_summary, markdown_table, write_json, write_results
+from benchmarks.speedup_accounting import OutcomeCache
 from wmrl_envs.config_cli import config_to_dict
 from wmrl_envs.vector import make_vector_env
 from wrappers import CalibrationConfig, build_stack
@@ -224,33 +224,8 @@ CONFIG = SpeedupConfig
 
 
 # ------------------------------------------------------------------ held-out evaluation
-class _MemoExecutor:
-    """Held-out evaluation only: the first run of a (script, inputs, limits) is real, repeats
-    return its result (the plan scaffold's scripts are deterministic)."""
-
-    def __init__(self) -> None:
-        from wmrl_envs.sandbox import default_executor
-
-        self.executor = default_executor()
-        self.cache: dict[str, Any] = {}
-        self.runs = self.hits = 0
-
-    def run(
-        self, script: str, *, inputs: Mapping[str, Any] | None = None, outputs: Sequence[str] = (), limits: Any = None
-    ) -> Any:
-        key = hashlib.sha256(
-            repr((script, sorted((k, str(v)) for k, v in (inputs or {}).items()), tuple(outputs), limits)).encode()
-        ).hexdigest()
-        if key in self.cache:
-            self.hits += 1
-        else:
-            self.runs += 1
-            self.cache[key] = self.executor.run(script, inputs=inputs, outputs=outputs, limits=limits)
-        return self.cache[key]
-
-
 def _evaluate(
-    policy: Any, scaffold: Any, tasks: list[str], config: SpeedupConfig, seed: int, memo: _MemoExecutor
+    policy: Any, scaffold: Any, tasks: list[str], config: SpeedupConfig, seed: int, memo: OutcomeCache
 ) -> dict[str, Any]:
     from agents.llm.evaluate import evaluate_heldout
 
@@ -506,7 +481,7 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
         task_landmarks(get_task(task_id))
     world_model, wm_info = _world_model(config, train_tasks + eval_tasks, run_dir)
     scaffold = make_scaffold(config.scaffold)
-    memo = _MemoExecutor()
+    memo = OutcomeCache()  # held-out evaluation's own cache (untimed; training never uses it)
     saved = run_dir / "arms"
     saved.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -565,7 +540,7 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
 
 def _finish(
     config: SpeedupConfig, run_dir: Path, rows: list[dict[str, Any]], histories: dict[str, Any],
-    guard_events: dict[str, Any], wm_info: dict[str, Any], memo: _MemoExecutor, train_tasks: list[str],
+    guard_events: dict[str, Any], wm_info: dict[str, Any], memo: OutcomeCache, train_tasks: list[str],
     eval_tasks: list[str], *, started: float, load_start: tuple[float, float, float],
 ) -> dict[str, Any]:  # fmt: skip
     heads = []
