@@ -1,0 +1,249 @@
+"""``wmrl-serve`` (issue 28): a real server process on loopback, driven over HTTP and WebSocket.
+
+* one GRPO anchor group whose two members live in two sessions (one HTTP, one WebSocket)
+  reaches the server's one calibrator: its pairs and its group result;
+* a server killed (SIGKILL) mid-anchor restarts from its checkpoint with every pair it had;
+* bad input and faults: malformed JSON, unknown sessions and fields, oversized actions and
+  bodies, a WebSocket client gone mid-episode: clear 4xx JSON errors, the server lives on;
+* ``wmrl/Remote-v0`` passes ``check_env`` against a server.
+
+Real components only: the server is the ``wmrl-serve`` CLI in a subprocess, real executions run
+in the sandbox, the world model is the shipped ``CodeOutcomeModel``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+pytest.importorskip("openenv")
+websockets_sync = pytest.importorskip("websockets.sync.client")
+
+from wmrl_envs.autoresearch.leaderboard import reference_pool  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK = "titanic"
+
+
+def fence(code: str) -> str:
+    return f"```python\n{code}\n```"
+
+
+@pytest.fixture(scope="module")
+def script() -> str:
+    return fence(next(s.code for s in reference_pool(TASK, size="small") if s.solution_id == "majority"))
+
+
+class Server:
+    """A ``wmrl-serve`` subprocess on 127.0.0.1 (any free port)."""
+
+    def __init__(self, *args: str) -> None:
+        cmd = [sys.executable, "-m", "wrappers.serving.cli", "--port", "0", "--max-turns", "1", *args]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + 120
+        line = ""
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if "serving" in line or not line:
+                break
+        assert "on http://" in line, f"server did not start: {line!r}"
+        self.url = line.strip().rsplit(" ", 1)[-1]
+        self.ws_url = self.url.replace("http://", "ws://") + "/ws"
+        for _ in range(100):
+            try:
+                if requests.get(f"{self.url}/health", timeout=2).ok:
+                    break
+            except requests.ConnectionError:
+                time.sleep(0.1)
+
+    def get(self, path: str) -> dict:
+        response = requests.get(self.url + path, timeout=30)
+        assert response.ok, response.text
+        return response.json()
+
+    def post(self, path: str, **body) -> requests.Response:
+        return requests.post(self.url + path, json=body, timeout=120)
+
+    def stop(self, sig: int = signal.SIGTERM) -> str:
+        """Stop the server; returns what it printed after its start line."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        rc = self.proc.wait(timeout=30)
+        assert self.proc.stdout is not None
+        rest = self.proc.stdout.read()
+        if sig == signal.SIGTERM:  # uvicorn re-raises the signal after a graceful shutdown
+            assert rc in (0, -signal.SIGTERM), rest
+            assert "wmrl-serve: stopped (0 sessions left" in rest, rest
+        return rest
+
+
+@pytest.fixture
+def servers() -> Iterator[list[Server]]:
+    started: list[Server] = []
+    yield started
+    for server in started:  # nothing left running
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait(timeout=10)
+
+
+def ws_call(ws, kind: str, data: dict | None = None) -> dict:
+    ws.send(json.dumps({"type": kind, "data": data or {}}))
+    return json.loads(ws.recv(timeout=120))
+
+
+def test_an_anchor_group_across_http_and_websocket_reaches_the_calibrator(servers, script, tmp_path):
+    state = tmp_path / "state.json"
+    server = Server("--stack", "wmrl", "--anchor-fraction", "1.0", "--checkpoint", str(state))
+    servers.append(server)
+    assert server.get("/health")["stack"] == "wmrl"
+    assert server.get("/spaces")["action"]["type"] == "text"
+    assert server.get("/metrics")["anchor_pairs_total"] == 0
+
+    # member 1 over HTTP, member 2 over a WebSocket: one group of 2 spanning two sessions
+    opened = server.post("/reset", group_id="g0", group_size=2, task=TASK)
+    assert opened.status_code == 200, opened.text
+    http_obs = opened.json()["observation"]
+    assert http_obs["info"]["anchor"] is True and http_obs["info"]["task_id"] == TASK
+    with websockets_sync.connect(server.ws_url, max_size=None) as ws:
+        reset = ws_call(ws, "reset", {"group_id": "g0", "group_size": 2, "task": TASK})
+        assert reset["type"] == "observation", reset
+        assert reset["data"]["observation"]["info"]["group_id"] == "g0"
+        assert reset["data"]["observation"]["info"]["anchor"] is True
+
+        stepped = server.post("/step", session_id=opened.json()["session_id"], action={"text": script}).json()
+        info = stepped["observation"]["info"]
+        assert stepped["done"] and info["source"] == "env"  # anchor member: graded for real, too
+        assert 0.0 <= info["wm_score"] <= 1.0 and info["true_score"] == info["outcome"]["score"]
+        assert len(info["anchor_pairs"]) == 1 and info["anchor_pairs_total"] == 1
+
+        ws_step = ws_call(ws, "step", {"text": script})
+        assert ws_step["type"] == "observation", ws_step
+        ws_info = ws_step["data"]["observation"]["info"]
+        assert ws_step["data"]["done"] and len(ws_info["anchor_pairs"]) == 1
+        assert ws_info["anchor_pairs_total"] == 2  # the second session saw the first one's pair
+
+    metrics = server.get("/metrics")
+    assert metrics["anchor_pairs_total"] == 2 and metrics["anchor_share"] == 1.0
+    assert metrics["monitor"]["anchor_groups"] == 1  # the group result reached the monitor
+    assert metrics["counters"]["real_executions"] == 2 and metrics["counters"]["wm_predictions"] == 2
+    assert metrics["open_groups"] == 0 and metrics["map"]["fitted"] is False
+    saved = json.loads(state.read_text())  # checkpointed as the pairs arrived
+    assert saved["calibration"]["debiaser"]["n_seen"] == 2
+    server.stop()
+    assert server.proc.poll() is not None
+
+
+def test_a_server_killed_mid_anchor_restarts_with_every_pair(servers, script, tmp_path):
+    state = tmp_path / "state.json"
+    args = ("--stack", "wmrl", "--anchor-fraction", "1.0", "--checkpoint", str(state))
+    first = Server(*args)
+    servers.append(first)
+    a = first.post("/reset", group_id="g1", group_size=3, task=TASK).json()
+    b = first.post("/reset", group_id="g1", group_size=3, task=TASK).json()
+    first.post("/step", session_id=a["session_id"], action={"text": script})
+    assert first.get("/metrics")["anchor_pairs_total"] == 1
+    # member b is mid-episode, the third member has not joined: the anchor group is open
+    first.stop(signal.SIGKILL)
+
+    second = Server(*args)
+    servers.append(second)
+    metrics = second.get("/metrics")
+    assert metrics["restored_pairs"] == 1 and metrics["anchor_pairs_total"] == 1
+    # the group's dead member (b) counts as finished-unknown; the third member still joins it
+    c = second.post("/reset", group_id="g1", group_size=3, task=TASK)
+    assert c.status_code == 200 and c.json()["observation"]["info"]["anchor"] is True
+    done = second.post("/step", session_id=c.json()["session_id"], action={"text": script}).json()
+    assert done["observation"]["info"]["anchor_pairs_total"] == 2
+    metrics = second.get("/metrics")
+    assert metrics["open_groups"] == 0 and metrics["monitor"]["anchor_groups"] == 1
+    # the old session is gone with the old process
+    gone = second.post("/step", session_id=b["session_id"], action={"text": script})
+    assert gone.status_code == 404 and gone.json()["error"] == "unknown_session"
+    second.stop()
+
+
+def test_bad_input_and_faults_get_clear_4xx_json(servers):
+    server = Server("--stack", "wm", "--max-body-bytes", "100000")
+    servers.append(server)
+    s = requests.Session()
+
+    bad_json = s.post(server.url + "/step", data="{not json", headers={"content-type": "application/json"})
+    assert bad_json.status_code == 422 and bad_json.json()["error"] == "invalid_request"
+    missing = server.post("/step", action={"text": "x"})
+    assert missing.status_code == 422 and "session_id" in json.dumps(missing.json()["detail"])
+    unknown = server.post("/step", session_id="no-such-session", action={"text": "x"})
+    assert unknown.status_code == 404 and unknown.json()["error"] == "unknown_session"
+    assert requests.get(server.url + "/state?session_id=nope").status_code == 404
+    field = server.post("/reset", group_id="g", colour="blue")
+    assert field.status_code == 422 and "colour" in json.dumps(field.json()["detail"])
+    opened = server.post("/reset", options={"no_such_option": 1})
+    assert opened.status_code == 422 and "no_such_option" in opened.json()["detail"]
+
+    sid = server.post("/reset", group_id="g2", group_size=1).json()["session_id"]
+    wrong_type = server.post("/step", session_id=sid, action={"values": [1.0]})
+    assert wrong_type.status_code == 422 and wrong_type.json()["error"] == "invalid_action"
+    huge = server.post("/step", session_id=sid, action={"text": "x" * 40_000})
+    assert huge.status_code == 413 and "max_action_chars=32768" in huge.json()["detail"]
+    body = server.post("/step", session_id=sid, action={"text": "x" * 200_000})
+    assert body.status_code == 413 and "max_body_bytes=100000" in body.json()["detail"]
+    ok = server.post("/step", session_id=sid, action={"text": "no code here"})
+    assert ok.status_code == 200 and ok.json()["done"]
+    again = server.post("/step", session_id=sid, action={"text": "no code here"})
+    assert again.status_code == 409 and again.json()["error"] == "episode_state"
+    assert server.post("/begin_step", group_ids="g").status_code == 422
+
+    # WebSocket: bad messages get error frames and the session lives on; a client that
+    # vanishes mid-episode frees its session
+    with websockets_sync.connect(server.ws_url) as ws:
+        ws.send("{oops")
+        assert json.loads(ws.recv(timeout=30))["data"]["code"] == "INVALID_JSON"
+        assert ws_call(ws, "jump")["data"]["code"] == "UNKNOWN_TYPE"
+        assert ws_call(ws, "reset", {"group_id": "g3", "group_size": 2})["type"] == "observation"
+        too_big = ws_call(ws, "step", {"text": "y" * 40_000})
+        assert too_big["type"] == "error" and "max_action_chars=32768" in too_big["data"]["message"]
+        assert server.get("/metrics")["sessions"] == 2  # the HTTP one and this one
+    time.sleep(0.5)  # the server notices the closed socket
+    assert server.get("/metrics")["sessions"] == 1
+    assert requests.delete(f"{server.url}/sessions/{sid}").json()["closed"] is True
+    assert server.get("/metrics")["sessions"] == 0
+    assert server.get("/health")["status"] == "healthy"
+    server.stop()
+
+
+def test_wmrl_serve_help():
+    out = subprocess.run(
+        [sys.executable, "-m", "wrappers.serving.cli", "--help"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    for flag in ("--env", "--split", "--tier", "--stack", "--port", "--checkpoint", "--max-action-chars"):
+        assert flag in out
+
+
+@pytest.mark.skipif(not os.environ.get("PATH"), reason="needs a shell PATH")
+def test_remote_env_passes_check_env(servers):
+    import gymnasium as gym
+    from gymnasium.utils.env_checker import check_env
+
+    import wmrl_envs  # noqa: F401
+
+    server = Server("--stack", "wm")
+    servers.append(server)
+    env = gym.make("wmrl/Remote-v0", url=server.url)
+    check_env(env.unwrapped, skip_render_check=True)
+    obs, info = env.reset(seed=0, options={"group_id": "r0", "group_size": 1})
+    assert isinstance(obs, str) and info["group_id"] == "r0"
+    obs, reward, terminated, truncated, info = env.step("no code")
+    assert terminated and info["outcome"].status == "malformed" and reward == 0.0
+    env.close()
+    assert server.get("/metrics")["sessions"] == 0
+    server.stop()
