@@ -10,6 +10,7 @@ __all__ = ["register_all"]
 _FAMILIES = (
     "wmrl_envs.autoresearch.registration",
     "wmrl_envs.libero.registration",
+    "wmrl_envs.remote",
 )
 
 
