@@ -150,7 +150,9 @@ class SharedStack:
         self.world_model = world_model
         self.lock = threading.RLock()
         self.on_pairs = on_pairs
-        self._settings = dict(anchor_fraction=anchor_fraction, anchor_min_per_step=anchor_min_per_step, seed=seed)
+        self._settings: dict[str, Any] = dict(
+            anchor_fraction=anchor_fraction, anchor_min_per_step=anchor_min_per_step, seed=seed
+        )
         self._grader = _LockedGrader(world_model, self.lock) if world_model is not None else None
         self._wm_by_slot: dict[int, WorldModelWrapper] = {}
         self._free: list[int] = []
@@ -208,10 +210,10 @@ class SharedStack:
                 result = self.anchor_core._finish(slot)
                 if result is not None:
                     self._feed({"group_result": result})
-            del self._stacks[slot]
+            detached: Any = self._stacks.pop(slot)
             self._wm_by_slot.pop(slot, None)
             self._free.append(slot)
-        stack.close()
+        detached.close()
 
     @property
     def sessions(self) -> int:
