@@ -30,6 +30,7 @@ EXPERIMENTS = {
     "leaderboard": "leaderboard",
     "vla": "vla_eval",
     "scale": "scale",
+    "serve-load": "serve_load",
 }
 
 #: Standalone scripts (``python -m benchmarks.<name>``) owned by the modules they measure.

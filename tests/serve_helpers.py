@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,10 @@ class Server:
         assert "on http://" in line, f"server did not start: {line!r}"
         self.url = line.strip().rsplit(" ", 1)[-1]
         self.ws_url = self.url.replace("http://", "ws://") + "/ws"
+        # drain the server's output (a full pipe would block it); stop() reads what it kept
+        self.output: list[str] = []
+        self._drain = threading.Thread(target=lambda: self.output.extend(self.proc.stdout or ()), daemon=True)
+        self._drain.start()
         for _ in range(100):
             try:
                 if requests.get(f"{self.url}/health", timeout=2).ok:
@@ -51,8 +56,8 @@ class Server:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         rc = self.proc.wait(timeout=30)
-        assert self.proc.stdout is not None
-        rest = self.proc.stdout.read()
+        self._drain.join(timeout=10)
+        rest = "".join(self.output)
         if sig == signal.SIGTERM:  # uvicorn re-raises the signal after a graceful shutdown
             assert rc in (0, -signal.SIGTERM), rest
             assert "wmrl-serve: stopped (0 sessions left" in rest, rest

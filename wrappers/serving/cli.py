@@ -74,6 +74,7 @@ def serve(config: ServerConfig, host: str, port: int, log_level: str = "warning"
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(2048)  # connections queue from now on: the "serving" line below is true when printed
     bound = sock.getsockname()[1]
     server = uvicorn.Server(
         uvicorn.Config(app, log_level=log_level, ws_max_size=config.max_body_bytes, timeout_graceful_shutdown=5)
