@@ -192,3 +192,15 @@ def test_remote_env_passes_check_env(servers):
     env.close()
     assert server.get("/metrics")["sessions"] == 0
     server.stop()
+
+
+def test_serve_load_benchmark_minimal_run(tmp_path, capsys):
+    from benchmarks.__main__ import main
+
+    args = ["--idle-sessions", "6", "--stepping-sessions", "3", "--episodes", "2", "--in-process-episodes", "4"]
+    assert main(["serve-load", "--run-dir", str(tmp_path), *args]) == 0
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert result["idle"]["held"] == 6
+    assert result["stepping"]["steps"] == 6 and result["stepping"]["wm_graded"] == 6
+    assert not result["stepping"]["errors"] and result["in_process"]["steps"] == 4
+    assert "| steps/s" in (tmp_path / "results.md").read_text() and "sessions held" in capsys.readouterr().out

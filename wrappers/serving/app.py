@@ -310,11 +310,14 @@ def _payload(session_id: str, obs: StackObservation) -> dict[str, Any]:
     }
 
 
-def create_app(config: ServerConfig | None = None, server: StackServer | None = None) -> FastAPI:
-    """The FastAPI app serving ``config`` (or an already built ``server``); see the module docstring."""
+def create_app(
+    config: ServerConfig | None = None, server: StackServer | None = None, *, announce: bool = False
+) -> FastAPI:
+    """The FastAPI app serving ``config`` (or an already built ``server``); see the module
+    docstring. ``announce``: print one line when it stops (the CLI's)."""
     server = server or StackServer(config or ServerConfig())
     cfg = server.config
-    app = FastAPI(title=f"wmrl-serve: {cfg.env_id} ({cfg.stack} stack)", lifespan=_lifespan(server))
+    app = FastAPI(title=f"wmrl-serve: {cfg.env_id} ({cfg.stack} stack)", lifespan=_lifespan(server, announce))
     app.state.server = server
     _add_error_handling(app, cfg.max_body_bytes)
     _add_session_routes(app, server)
@@ -329,7 +332,7 @@ def create_app(config: ServerConfig | None = None, server: StackServer | None = 
     return app
 
 
-def _lifespan(server: StackServer) -> Any:
+def _lifespan(server: StackServer, announce: bool) -> Any:
     cfg = server.config
 
     @contextlib.asynccontextmanager
@@ -346,7 +349,8 @@ def _lifespan(server: StackServer) -> Any:
         finally:
             task.cancel()
             await run_in_threadpool(server.close)
-            print(f"wmrl-serve: stopped ({server.sessions} sessions left, checkpoint {cfg.checkpoint})", flush=True)
+            if announce:
+                print(f"wmrl-serve: stopped ({server.sessions} sessions left, checkpoint {cfg.checkpoint})", flush=True)
 
     return lifespan
 

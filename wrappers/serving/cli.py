@@ -70,7 +70,7 @@ def serve(config: ServerConfig, host: str, port: int, log_level: str = "warning"
 
     from wrappers.serving.app import create_app
 
-    app = create_app(config)
+    app = create_app(config, announce=True)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
