@@ -204,3 +204,26 @@ def test_serve_load_benchmark_minimal_run(tmp_path, capsys):
     assert result["stepping"]["steps"] == 6 and result["stepping"]["wm_graded"] == 6
     assert not result["stepping"]["errors"] and result["in_process"]["steps"] == 4
     assert "| steps/s" in (tmp_path / "results.md").read_text() and "sessions held" in capsys.readouterr().out
+
+
+@pytest.mark.libero
+def test_the_libero_env_is_served_with_its_progress_world_model():
+    pytest.importorskip("libero.libero")
+    from fastapi.testclient import TestClient
+
+    from wrappers.serving.app import ServerConfig, create_app
+
+    env_kwargs = {"task_id": 0, "cameras": False, "max_episode_steps": 3}
+    config = ServerConfig(env_id="wmrl/LIBERO-Long-v0", env_kwargs=env_kwargs, stack="wmrl", anchor_fraction=1.0)
+    with TestClient(create_app(config)) as client:
+        spaces = client.get("/spaces").json()
+        assert spaces["action"]["type"] == "box" and spaces["action"]["shape"] == [7]
+        opened = client.post("/reset", json={"group_id": "g", "group_size": 1, "seed": 0}).json()
+        assert {"instruction", "proprio"} <= set(opened["observation"]["observation"])
+        for _ in range(3):
+            step = client.post("/step", json={"session_id": opened["session_id"], "action": {"values": [0.0] * 7}})
+        info = step.json()["observation"]["info"]
+        assert step.json()["done"] and info["source"] == "env" and "wm_score" in info  # an anchor episode
+        assert client.get("/metrics").json()["anchor_pairs_total"] == 1
+        outside = client.post("/step", json={"session_id": opened["session_id"], "action": {"values": [5.0] * 7}})
+        assert outside.status_code == 422 and "outside the action space" in outside.json()["detail"]
