@@ -227,3 +227,27 @@ def test_the_libero_env_is_served_with_its_progress_world_model():
         assert client.get("/metrics").json()["anchor_pairs_total"] == 1
         outside = client.post("/step", json={"session_id": opened["session_id"], "action": {"values": [5.0] * 7}})
         assert outside.status_code == 422 and "outside the action space" in outside.json()["detail"]
+
+
+def test_sb3_and_the_stack_handle_run_unchanged_on_the_remote_env(servers):
+    import gymnasium as gym
+    from stable_baselines3 import PPO
+
+    import wmrl_envs  # noqa: F401
+    from agents.sb3 import PlanChoiceWrapper
+    from wrappers import StackHandle
+
+    server = Server("--stack", "wmrl", "--anchor-fraction", "0.5")
+    servers.append(server)
+    remote = gym.make("wmrl/Remote-v0", url=server.url)
+    handle = StackHandle(remote)  # what agents.grpo talks to
+    assert handle.has_anchors and handle.anchor_weight == 1.0 and handle.real_executions == 0
+    assert len(handle.begin_step(["a", "b"])) == 1  # decided by the server's scheduler (floor 1)
+    env = PlanChoiceWrapper(remote)
+    model = PPO("MlpPolicy", env, n_steps=16, batch_size=8, n_epochs=1, seed=0, device="cpu").learn(total_timesteps=16)
+    assert model.num_timesteps == 16
+    metrics = server.get("/metrics")
+    assert metrics["counters"]["wm_predictions"] == 16 and metrics["anchor_share"] is not None
+    assert handle.real_executions == metrics["counters"]["real_executions"]
+    env.close()
+    server.stop()

@@ -6,7 +6,9 @@ happened, the anchor fraction (for a guard that raises it), whether the correcti
 engage within the run, and the stack's state for checkpoints -- goes through a
 :class:`StackHandle`. Every method works on any stack (``real`` | ``wm`` | ``wmrl``, single
 or vector); what a stack lacks answers neutrally (no anchors: no anchor groups; no
-calibration: weight 1.0; no world-model layer: no counters).
+calibration: weight 1.0; no world-model layer: no counters). A ``wmrl/Remote-v0`` env (its
+stack runs on a ``wmrl-serve`` server) is handled through the server: steps are announced there,
+the anchor weight and counters read from its ``/metrics``; the server checkpoints its own state.
 
 >>> import gymnasium as gym
 >>> import wmrl_envs
@@ -23,6 +25,7 @@ import math
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
+from wmrl_envs.remote import RemoteEnv
 from wrappers._common import find_layer
 from wrappers.anchor import AnchorWrapper, VectorAnchorWrapper
 from wrappers.calibration import CalibrationWrapper, VectorCalibrationWrapper, load_stack_state_dict, stack_state_dict
@@ -45,17 +48,21 @@ class StackHandle:
         self._anchor: Any = find_layer(env, (AnchorWrapper, VectorAnchorWrapper))
         self._world_model: Any = find_layer(env, (WorldModelWrapper, VectorWorldModelWrapper))
         self._calibration: Any = find_layer(env, (CalibrationWrapper, VectorCalibrationWrapper))
+        unwrapped = getattr(env, "unwrapped", None)
+        self._remote: RemoteEnv | None = unwrapped if isinstance(unwrapped, RemoteEnv) else None
 
     # -- a step ---------------------------------------------------------------------------
     def begin_step(self, group_ids: Iterable[Hashable], priority: Mapping[Hashable, float] | None = None) -> frozenset:
         """Announce the step's groups; returns the anchor groups among them (none without anchors)."""
+        if self._remote is not None:
+            return self._remote.begin_step(group_ids) if self._remote.stack_kind == "wmrl" else frozenset()
         if self._anchor is None:
             return frozenset()
         return frozenset(self._anchor.begin_step(list(group_ids), priority))
 
     @property
     def has_anchors(self) -> bool:
-        return self._anchor is not None
+        return self._anchor is not None or (self._remote is not None and self._remote.stack_kind == "wmrl")
 
     @property
     def overlaps_anchors(self) -> bool:
@@ -69,6 +76,8 @@ class StackHandle:
     @property
     def anchor_weight(self) -> float:
         """The inverse-variance anchor weight now (1.0 without a calibration layer)."""
+        if self._remote is not None:
+            return float(self._remote.metrics().get("anchor_weight", 1.0))
         return float(self._calibration.anchor_weight) if self._calibration is not None else 1.0
 
     @property
@@ -98,6 +107,9 @@ class StackHandle:
     def real_executions(self) -> int | None:
         """Real gradings so far, counted by the world-model layer (``None`` without one: the
         bare env grades every request for real, which the caller counts)."""
+        if self._remote is not None:
+            counters = self._remote.metrics().get("counters")
+            return None if counters is None else int(counters["real_executions"])
         return None if self._world_model is None else int(self._world_model.counters.real_executions)
 
     def counters(self) -> dict[str, Any] | None:
