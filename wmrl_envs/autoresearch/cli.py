@@ -10,6 +10,9 @@ Commands::
         [--memory-bytes B] [--no-logs]                --wall-seconds / --memory-bytes are given
         [--logs-dir DIR] [--backend local|docker|ray]
     wmrl-tasks refresh-log-contexts [--tasks T ...]   rewrite pool-log contexts from task.json
+    wmrl-tasks relabel-logs --out DIR [--tasks T ...] re-execute pools under the current runtime,
+        [--split train|test] [--tier small|full|all]  graded against the existing leaderboards
+        [--max-concurrent 1] [--backend ...]          (left as they are); resumable per task
     wmrl-tasks catalog-table [--tier small|full]      write the markdown catalog table (between
         [--out docs/catalog.md]                       the file's two <!-- catalog-table --> or
                                                       <!-- full-tier-table --> markers)
@@ -157,6 +160,15 @@ def _parser() -> argparse.ArgumentParser:
     rl.add_argument("--tasks", nargs="+", help="catalog ids (default: every catalog task of --tier)")
     rl.add_argument("--tier", choices=("small", "full", "all"), default="all")
     rl.add_argument("--logs-dir", type=Path)
+    rb = sub.add_parser(
+        "relabel-logs", help="re-execute pools under the current runtime into new logs (leaderboards untouched)"
+    )
+    rb.add_argument("--out", type=Path, required=True, help="directory of the new <task_id>.jsonl logs")
+    rb.add_argument("--tasks", nargs="+", help="catalog ids (default: every catalog task of --split / --tier)")
+    rb.add_argument("--split", choices=("train", "test"))
+    rb.add_argument("--tier", choices=("small", "full", "all"), default="all")
+    rb.add_argument("--max-concurrent", type=int, default=1, help="1 keeps wall-clock timeouts free of contention")
+    rb.add_argument("--backend", choices=("local", "docker", "ray"), help="default: $WMRL_SANDBOX or local")
     ct = sub.add_parser("catalog-table", help="write the markdown catalog table")
     ct.add_argument("--out", type=Path, help="file to write (default: stdout)")
     ct.add_argument("--tier", choices=("small", "full"), default="small")
@@ -207,6 +219,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_cli("wmrl-tasks", lambda: _command(argv))
 
 
+def _write_catalog_table(args: argparse.Namespace) -> None:
+    text, mark = (catalog_table(), _MARK) if args.tier == "small" else (full_tier_table(), _FULL_MARK)
+    if args.out and args.out.is_file() and mark in args.out.read_text():
+        # replace only the table between the two markers, keep the prose around it
+        head, _, rest = args.out.read_text().partition(mark)
+        _, _, tail = rest.partition(mark)
+        args.out.write_text(f"{head}{mark}\n{text}{mark}{tail}")
+    elif args.out:
+        args.out.write_text(text)
+    else:
+        sys.stdout.write(text)
+
+
+def _relabel_logs(args: argparse.Namespace) -> None:
+    from wmrl_envs.autoresearch.leaderboard import LeaderboardConfig, relabel_pool_logs
+    from wmrl_envs.autoresearch.tasks import list_catalog
+    from wmrl_envs.sandbox import default_executor
+
+    tasks = args.tasks or list_catalog(args.split, tier=_tier(args.tier))
+    config = LeaderboardConfig(max_concurrent=args.max_concurrent)
+    print(json.dumps(relabel_pool_logs(tasks, args.out, default_executor(args.backend), config), indent=1))
+
+
 def _command(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.cmd == "list":
@@ -245,17 +280,10 @@ def _command(argv: Sequence[str] | None = None) -> int:
         from wmrl_envs.autoresearch.tasks import list_catalog
 
         print(json.dumps(refresh_log_contexts(args.tasks or list_catalog(tier=_tier(args.tier)), args.logs_dir)))
+    elif args.cmd == "relabel-logs":
+        _relabel_logs(args)
     elif args.cmd == "catalog-table":
-        text, mark = (catalog_table(), _MARK) if args.tier == "small" else (full_tier_table(), _FULL_MARK)
-        if args.out and args.out.is_file() and mark in args.out.read_text():
-            # replace only the table between the two markers, keep the prose around it
-            head, _, rest = args.out.read_text().partition(mark)
-            _, _, tail = rest.partition(mark)
-            args.out.write_text(f"{head}{mark}\n{text}{mark}{tail}")
-        elif args.out:
-            args.out.write_text(text)
-        else:
-            sys.stdout.write(text)
+        _write_catalog_table(args)
     elif args.cmd == "generate":
         from wmrl_envs.autoresearch.procedural import generate_task
 

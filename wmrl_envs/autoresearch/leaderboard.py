@@ -27,7 +27,7 @@ import json
 import statistics
 import textwrap
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ __all__ = [
     "load_leaderboard",
     "logs_root",
     "refresh_log_contexts",
+    "relabel_pool_logs",
 ]
 
 _DATA_DIR = Path(__file__).parent / "data"
@@ -649,29 +650,21 @@ def _first_outcome(task: Task, sol: PoolSolution, result: Any, answers: Any) -> 
     return outcome_from_execution(task, result, None, answers=answers)
 
 
-def build_leaderboards(
-    tasks: Iterable[str | Task], executor: Any = None, config: LeaderboardConfig | None = None
-) -> dict[str, dict[str, Any]]:
-    """Execute each task's pool in the sandbox; write leaderboards (and logs).
-
-    Returns per task: ``{"n_reference", "n_valid", "median_seconds", "statuses": {...}}``.
-    """
+def _execute_pools(
+    resolved: list[Task], run_limits: Mapping[str, Mapping[str, Any]], executor: Any, config: LeaderboardConfig
+) -> tuple[list[tuple[Task, PoolSolution]], dict[tuple[str, str], Any], float]:
+    """Run every task's pool in the sandbox: ``(plan, results by (task_id, solution_id), seconds)``.
+    Syntax errors never reach the sandbox (same rule as the env); a run whose sandbox died from
+    outside says nothing about the script, so it is retried once."""
     from wmrl_envs.sandbox import ExecutorPool, Job, Limits, default_executor
 
-    config = config or LeaderboardConfig()
     executor = executor or default_executor()
-    resolved = [get_task(t) for t in tasks]
-    run_limits = {t.task_id: _run_limits(t, config) for t in resolved}
     ref_limits = {
         tid: Limits(wall_seconds=lim["wall_seconds"], cpu_seconds=lim["wall_seconds"], memory_bytes=lim["memory_bytes"])
         for tid, lim in run_limits.items()
     }
     probe_limits = Limits(wall_seconds=config.timeout_probe_seconds, cpu_seconds=config.timeout_probe_seconds)
-    plan: list[tuple[Task, PoolSolution]] = []
-    for task in resolved:
-        for sol in reference_pool(task, size=config.size, broken=config.broken):
-            plan.append((task, sol))
-    # Syntax errors never reach the sandbox (same rule as the env).
+    plan = [(task, sol) for task in resolved for sol in reference_pool(task, size=config.size, broken=config.broken)]
     runnable = [(t, s) for t, s in plan if check_syntax(s.code) is None]
     jobs = [
         Job(s.code, t.inputs(), (SUBMISSION_FILE,), probe_limits if s.timeout_probe else ref_limits[t.task_id])
@@ -680,11 +673,58 @@ def build_leaderboards(
     start = time.perf_counter()
     with ExecutorPool(executor, max_concurrent=config.max_concurrent, progress=True) as pool:
         results = dict(zip([(t.task_id, s.solution_id) for t, s in runnable], pool.map(jobs)))
-        # A run whose sandbox died from outside says nothing about the script: retry once.
         retry = [(key, job) for key, job in zip(results, jobs) if harness_failed(results[key])]
         for key, result in zip([k for k, _ in retry], pool.map([j for _, j in retry])):
             results[key] = result
-    elapsed = time.perf_counter() - start
+    return plan, results, time.perf_counter() - start
+
+
+def relabel_pool_logs(
+    tasks: Iterable[str | Task], out_dir: str | Path, executor: Any = None, config: LeaderboardConfig | None = None
+) -> dict[str, dict[str, int]]:
+    """Re-execute each task's pool under the sandbox's *current* runtime and write
+    ``out_dir/<task_id>.jsonl`` (the shipped logs' format), graded against the task's
+    **existing** leaderboard, which stays as it is. For checking a world model against the
+    runtime it will be graded by when the shipped logs were executed under an older one.
+    Resumable per task: a task whose log is already in ``out_dir`` is skipped.
+    Returns per task the outcome statuses."""
+    config = config or LeaderboardConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, dict[str, int]] = {}
+    for task in tqdm([get_task(t) for t in tasks], desc="relabel", unit="task"):
+        path = out / f"{task.task_id}.jsonl"
+        if path.is_file():
+            continue
+        limits = {task.task_id: _run_limits(task, config)}
+        plan, results, _ = _execute_pools([task], limits, executor, config)
+        board, answers = load_leaderboard(task), task.read_answers()
+        lines: list[str] = []
+        statuses: dict[str, int] = {}
+        for _, sol in plan:
+            o = _first_outcome(task, sol, results.get((task.task_id, sol.solution_id)), answers)
+            if o is not None and o.status == "valid":
+                o = outcome_from_execution(task, results[(task.task_id, sol.solution_id)], board, answers=answers)
+            statuses[o.status if o else "unknown"] = statuses.get(o.status if o else "unknown", 0) + 1
+            lines.append(json.dumps(_log_line(task, sol, o, limits[task.task_id])) + "\n")
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(lines))
+        tmp.replace(path)  # atomic: a killed run leaves no half-written log to be skipped next time
+        summary[task.task_id] = statuses
+    return summary
+
+
+def build_leaderboards(
+    tasks: Iterable[str | Task], executor: Any = None, config: LeaderboardConfig | None = None
+) -> dict[str, dict[str, Any]]:
+    """Execute each task's pool in the sandbox; write leaderboards (and logs).
+
+    Returns per task: ``{"n_reference", "n_valid", "median_seconds", "statuses": {...}}``.
+    """
+    config = config or LeaderboardConfig()
+    resolved = [get_task(t) for t in tasks]
+    run_limits = {t.task_id: _run_limits(t, config) for t in resolved}
+    plan, results, elapsed = _execute_pools(resolved, run_limits, executor, config)
 
     summary: dict[str, dict[str, Any]] = {}
     for task in tqdm(resolved, desc="leaderboards", unit="task"):
@@ -751,5 +791,5 @@ def build_leaderboards(
             with open(out / f"{task.task_id}.jsonl", "w") as f:
                 for s in sols:
                     f.write(json.dumps(_log_line(task, s, final[s.solution_id], run_limits[task.task_id])) + "\n")
-    summary["_total"] = {"wall_seconds": round(elapsed, 1), "runs": len(jobs)}
+    summary["_total"] = {"wall_seconds": round(elapsed, 1), "runs": len(results)}
     return summary
