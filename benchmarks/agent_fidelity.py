@@ -13,8 +13,11 @@ on data none of them saw:
 Evaluation sets (:mod:`~wmrl_envs.world_models.agent_corpus`): the agent-style runs on the
 13 test-split tables (every family), the held-out ``encoding`` family on the test-split
 tables alone, the template pool logs of each tier's test split (as the default model's
-README reports them: within-task Spearman on seeded halves, mean of 5), and the exploit
-suite: ten exploit families plus an honest strong script on four test-split tables.
+README reports them: within-task Spearman on seeded halves, mean of 5) -- both as shipped
+(executed under the runtime of their day, Debian's scikit-learn 1.2) and re-executed under
+the pinned runtime the sandbox uses now (``wmrl-tasks relabel-logs``, graded against the
+same leaderboards; :data:`PINNED_RUNTIME_LOGS`) -- and the exploit suite: ten exploit
+families plus an honest strong script on four test-split tables.
 
 Metrics: status accuracy (overall and by what truly happened: memory, time, import,
 invalid submission, no submission, runtime error, valid), within-task Spearman and pairwise
@@ -40,10 +43,15 @@ from benchmarks.common import new_figure, save_figure
 from benchmarks.report import machine_summary, markdown_table, write_results
 from wmrl_envs.config_cli import config_to_dict
 
-__all__ = ["AgentFidelityConfig", "CONFIG", "run", "ARMS", "prior_script"]
+__all__ = ["AgentFidelityConfig", "CONFIG", "run", "ARMS", "PINNED_RUNTIME_LOGS", "prior_script"]
 
 NAME = "agent-fidelity"
 ARMS = ("templates", "templates+reading", "templates+agent+reading")
+#: The test-split template pools re-executed under the pinned runtime (committed, one
+#: ``<task_id>.jsonl.gz`` per table; ``wmrl-tasks relabel-logs --split test --out ...``).
+PINNED_RUNTIME_LOGS = (
+    Path(__file__).resolve().parent.parent / "docs" / "results" / "agent-fidelity" / "pinned-runtime-logs"
+)
 
 
 @dataclass
@@ -56,14 +64,25 @@ class AgentFidelityConfig:
         agent_corpus: the agent-style log file (``None``: the shipped one).
         use_shipped_default: evaluate the shipped default model as the last arm instead of
             refitting it (they are the same recipe; refitting checks that).
+        pinned_runtime_logs: directory of the test-split template pools re-executed under
+            the pinned runtime (``None``: :data:`PINNED_RUNTIME_LOGS`; sets are skipped for
+            tables it lacks).
+        cv_folds: leave-datasets-out CV of every arm over all template pool logs (catalog
+            both splits + log corpus; the agent-style runs join the training folds of the
+            agent arm, never a tested dataset's fold), the protocol of the README's
+            "small 0.864 / full 0.839 / corpus 0.811"; 0 = skip (it refits each arm per fold).
     """
 
     arms: tuple[str, ...] = ARMS
     halves: int = 5
     agent_corpus: str | None = None
     use_shipped_default: bool = False
+    pinned_runtime_logs: str | None = None
+    cv_folds: int = 5
 
     def __post_init__(self) -> None:
+        if self.cv_folds == 1 or self.cv_folds < 0:
+            raise ValueError(f"cv_folds must be 0 (skip) or >= 2, got {self.cv_folds}")
         bad = [a for a in self.arms if a not in ARMS]
         if bad or not self.arms:
             raise ValueError(f"arms must be a non-empty subset of {ARMS}, got {self.arms!r}")
@@ -89,14 +108,16 @@ def prior_script(task: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _template_records(split: str) -> list[Any]:
+def _template_records(split: str, logs_dir: str | Path | None = None) -> list[Any]:
+    """The template pool logs of the catalog ``split`` (shipped, or those in ``logs_dir``)."""
     from wmrl_envs.autoresearch.leaderboard import logs_root
     from wmrl_envs.autoresearch.tasks import list_catalog
     from wmrl_envs.world_models import read_logs
     from wmrl_envs.world_models.landmarks import with_landmarks
 
     keep = set(list_catalog(split, tier=None))
-    return with_landmarks([r for r in read_logs(sorted(logs_root().glob("*.jsonl"))) if r.task_id in keep])
+    paths = sorted(logs_root().glob("*.jsonl")) if logs_dir is None else sorted(Path(logs_dir).glob("*.jsonl*"))
+    return with_landmarks([r for r in read_logs(paths) if r.task_id in keep])
 
 
 def fit_set(arm: str, agent_path: str | None = None) -> list[Any]:
@@ -118,6 +139,29 @@ def _fit(arm: str, agent_path: str | None) -> tuple[Any, float, int]:
     t0 = time.process_time()
     model = CodeOutcomeModel(CodeOutcomeConfig(read_code=arm != "templates")).fit(records)
     return model, time.process_time() - t0, len(records)
+
+
+def template_pool_cv(arm: str, folds: int, agent_path: str | None = None) -> dict[str, Any]:
+    """Leave-datasets-out CV of ``arm`` on the template pool logs (catalog, both splits, and
+    the log corpus), by tier (``small`` / ``full`` / ``corpus``): the records of a dataset are
+    only ever predicted by models fitted without that dataset, agent-style runs included."""
+    from benchmarks.fidelity_transfer import _by_tier, load_all
+    from wmrl_envs.world_models import CodeOutcomeConfig, CodeOutcomeModel
+    from wmrl_envs.world_models.agent_corpus import read_agent_corpus
+    from wmrl_envs.world_models.landmarks import with_landmarks
+    from wmrl_envs.world_models.transfer import leave_tasks_out
+
+    catalog, corpus = load_all()
+    templates = with_landmarks(catalog + corpus)
+    extra = read_agent_corpus(agent_path, splits=["train", "heldout"]) if arm == "templates+agent+reading" else []
+    records = templates + [r for r in extra if r.known]
+
+    def fit(recs: Sequence[Any]) -> Any:
+        return CodeOutcomeModel(CodeOutcomeConfig(read_code=arm != "templates", keep_training_data=False)).fit(recs)
+
+    preds = leave_tasks_out(records, fit, n_folds=folds, evaluate=lambda r: r.origin != "agent-style", progress=False)
+    by_tier = _by_tier(preds[: len(templates)], templates)
+    return {t: {k: v for k, v in m.items() if k != "per_task_spearman"} for t, m in by_tier.items()}
 
 
 def _evaluate(model: Any, records: Sequence[Any], *, halves: int = 0) -> dict[str, Any]:
@@ -193,7 +237,13 @@ def run(config: AgentFidelityConfig, run_dir: str | Path, progress: bool = True)
     family_train_tables = [r for r in heldout if not _is_test(r.task_id)]
     exploits = read_agent_corpus(config.agent_corpus, splits=["exploit"])
     honest = [r for r in on_test_tables if r.task_id in EXPLOIT_TABLES]
-    templates = {tier: [r for r in _template_records("test") if _tier(r.task_id) == tier] for tier in ("small", "full")}
+    pinned_dir = Path(config.pinned_runtime_logs) if config.pinned_runtime_logs else PINNED_RUNTIME_LOGS
+    pinned = _template_records("test", pinned_dir) if pinned_dir.is_dir() else []
+    templates = {
+        f"template pool, {tier} tier test split{label}": [r for r in recs if _tier(r.task_id) == tier]
+        for label, recs in (("", _template_records("test")), (", pinned runtime", pinned))
+        for tier in ("small", "full")
+    }
     sets = {
         "agent-style, test-split tables": on_test_tables,
         "held-out family (encoding), test-split tables": family_only,
@@ -212,10 +262,13 @@ def run(config: AgentFidelityConfig, run_dir: str | Path, progress: bool = True)
         for name, recs in sets.items():
             if recs:
                 entry["sets"][name] = _evaluate(model, recs)
-        for tier, recs in templates.items():
-            entry["sets"][f"template pool, {tier} tier test split"] = _evaluate(model, recs, halves=config.halves)
+        for name, recs in templates.items():
+            if recs:
+                entry["sets"][name] = _evaluate(model, recs, halves=config.halves)
         if exploits:
             entry["exploit_suite"] = _exploit_report(model, exploits, honest)
+        if config.cv_folds:
+            entry["template_pool_cv"] = template_pool_cv(arm, config.cv_folds, config.agent_corpus)
         results["arms"][arm] = entry
     markdown = _markdown(results)
     _plot(results, run_dir)
@@ -291,6 +344,20 @@ def _markdown(results: Mapping[str, Any]) -> str:
         )
     if rows:
         blocks.append("### exploit suite\n\n" + markdown_table(rows))
+    cv = {arm: results["arms"][arm].get("template_pool_cv") for arm in arms}
+    if any(cv.values()):
+        rows = []
+        for tier in ("small", "full", "corpus"):
+            for label, key in (
+                ("within-task Spearman", "spearman_within_task"),
+                ("pairwise accuracy", "pairwise_accuracy"),
+                ("status accuracy", "status_accuracy"),
+            ):
+                row = {"tier": tier, "metric": label}
+                for arm in arms:
+                    row[arm] = ((cv[arm] or {}).get(tier) or {}).get(key)
+                rows.append(row)
+        blocks.append("### template pool, leave-datasets-out CV\n\n" + markdown_table(rows, ["tier", "metric", *arms]))
     return "\n\n".join(blocks)
 
 

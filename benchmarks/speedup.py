@@ -57,6 +57,7 @@ from wmrl_envs.vector import make_vector_env
 from wrappers import CalibrationConfig, build_stack
 
 __all__ = [
+    "RICH_PLAN_TOKENS",
     "SpeedupConfig",
     "CONFIG",
     "run",
@@ -86,6 +87,11 @@ SPEEDUP_ARMS = ("real", "real1", "wm", "wmrl")
 RATIO_METRICS = ("reach_ratio", "ideal_ratio", "real_reach_cost", "wmrl_reach_cost")
 
 
+#: Tokens a rich-grammar plan takes with the tiny policy's tokenizer (63-76 measured on 8
+#: random plans, plus room): the smallest ``max_new_tokens`` the ``rich`` scaffold accepts.
+RICH_PLAN_TOKENS = 96
+
+
 @dataclass
 class SpeedupConfig:
     """Knobs of the budget-matched speedup (defaults: the main job, <= 15 min on 2 cores).
@@ -111,7 +117,11 @@ class SpeedupConfig:
         warm_start_steps: supervised steps on example plans before any arm starts (untimed,
             shared by all arms; 0 = none).
         warm_start_lr: learning rate of that warm start.
-        scaffold: ``plan`` (compact plan scaffold) or ``raw`` (raw code).
+        scaffold: ``plan`` (compact plan scaffold: one of six model families, a few clamped
+            hyperparameters; ~12 distinct scripts per task in practice), ``rich`` (the
+            agent-style plan grammar of :mod:`wmrl_envs.autoresearch.plans`: > 10^4 scripts per
+            task, including settings over the task's limits; needs ``max_new_tokens`` >=
+            :data:`RICH_PLAN_TOKENS`) or ``raw`` (raw code).
         world_model: ``out-of-sample`` (fitted at the start of the run on every shipped log
             whose task is none of the policy's training or held-out tasks; its fit set, the
             overlap (``[]``) and its one-off cost are in ``summary.json``), ``default`` (the
@@ -194,8 +204,13 @@ class SpeedupConfig:
         for name in ("max_steps", "groups_per_step", "group_size", "max_turns", "max_new_tokens", "eval_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.scaffold not in ("plan", "raw"):
-            raise ValueError(f"scaffold must be 'plan' or 'raw', got {self.scaffold!r}")
+        if self.scaffold not in ("plan", "rich", "raw"):
+            raise ValueError(f"scaffold must be 'plan', 'rich' or 'raw', got {self.scaffold!r}")
+        if self.scaffold == "rich" and self.max_new_tokens < RICH_PLAN_TOKENS:
+            # a truncated plan parses to fewer choices than it names: the action space would shrink silently
+            raise ValueError(
+                f"the rich scaffold's plans take up to ~{RICH_PLAN_TOKENS} tokens; max_new_tokens={self.max_new_tokens} cuts them"
+            )
         if self.vectorization not in ("sync", "async"):
             # Ray workers' CPU is not this process's or its children's: the budget could not see it.
             raise ValueError(f"vectorization must be 'sync' or 'async', got {self.vectorization!r}")
