@@ -16,7 +16,13 @@ values rebuilt, so code that runs against the in-process stack runs unchanged.
 A server answers a bad request with an error, which this env raises as ``ValueError`` (bad
 action / options) or ``ConnectionError`` (server gone).
 
-Classes: :class:`RemoteEnv`. Functions: :func:`register_envs`.
+:class:`RemoteVectorEnv` holds ``num_envs`` such sessions as one ``VectorEnv`` whose sub-envs
+step concurrently (the server batches their world-model predictions): the project's GRPO
+trainer (``python -m agents.llm train --remote URL``) rolls out through it unchanged. Its
+autoreset is next-step, with one difference that keeps the server's anchor book clean: an
+ended sub-env opens no server episode until the caller resets it (see the class).
+
+Classes: :class:`RemoteEnv`, :class:`RemoteVectorEnv`. Functions: :func:`register_envs`.
 """
 
 from __future__ import annotations
@@ -25,16 +31,19 @@ import contextlib
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 from wmrl_envs.wire import info_from_json, space_from_json, to_json, value_from_json
 
-__all__ = ["RemoteEnv", "register_envs", "ENV_ID"]
+__all__ = ["RemoteEnv", "RemoteVectorEnv", "describe_server", "register_envs", "ENV_ID"]
 
 ENV_ID = "wmrl/Remote-v0"
 
@@ -55,6 +64,12 @@ def _http(url: str, body: Any = None, timeout: float = 60.0) -> Any:
         raise ConnectionError(f"no wmrl-serve server at {url}: {err.reason}") from None
 
 
+def describe_server(url: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The server's ``/spaces``: its env's spaces, ``stack`` kind and ``max_action_chars``
+    (``ConnectionError`` when nothing answers, ``ValueError`` on a 4xx answer)."""
+    return dict(_http(f"{url.rstrip('/')}/spaces", timeout=timeout))
+
+
 class RemoteEnv(gym.Env):
     """A Gymnasium env served by ``wmrl-serve`` (see the module docstring).
 
@@ -68,7 +83,7 @@ class RemoteEnv(gym.Env):
     def __init__(self, url: str, *, timeout_s: float = 600.0) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = float(timeout_s)
-        described = _http(f"{self.url}/spaces", timeout=timeout_s)
+        described = describe_server(self.url, timeout_s)
         self.action_space = space_from_json(described["action"])
         self.observation_space = space_from_json(described["observation"])
         self.stack_kind: str = described.get("stack", "")
@@ -155,6 +170,106 @@ class RemoteEnv(gym.Env):
     def metrics(self) -> dict[str, Any]:
         """The server's ``/metrics``: anchor share, pairs, map state, exploitation gap, counters."""
         return dict(_http(f"{self.url}/metrics", timeout=self.timeout_s))
+
+
+class RemoteVectorEnv(VectorEnv):
+    """``num_envs`` sessions of one ``wmrl-serve`` server as a ``VectorEnv``.
+
+    Every sub-env is a :class:`RemoteEnv` (its own WebSocket session); ``reset`` and ``step``
+    send the sub-envs' messages from a thread each, so the server steps them concurrently.
+    ``reset(options={..., "reset_mask": mask})`` resets only the masked sub-envs, all with the
+    same options (the GRPO rollout resets one group's members together this way).
+
+    Autoreset is :attr:`~gymnasium.vector.AutoresetMode.NEXT_STEP` for the caller -- the step
+    after a sub-env's episode ended returns reward 0 and ``terminated = truncated = False`` --
+    except that the server is not asked to open an episode then: the sub-env stays idle (its
+    steps send nothing and return its last observation and an empty info) until the caller
+    resets it. A server-side episode is a member of an anchor group; one opened by an autoreset
+    nobody asked for would join an automatic group of the server's anchor scheduler (counted in
+    its anchor share, abandoned with unknown scores at the next reset).
+
+    Args:
+        url: the server's base URL.
+        num_envs: sessions (>= 1).
+        timeout_s: longest wait for one reset / step answer.
+
+    The server-side stack is reached through :meth:`begin_step` and :meth:`metrics` (what
+    :class:`~wrappers.StackHandle` uses).
+    """
+
+    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(self, url: str, num_envs: int, *, timeout_s: float = 600.0) -> None:
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        self.envs = [RemoteEnv(url, timeout_s=timeout_s) for _ in range(num_envs)]
+        first = self.envs[0]
+        self.url, self.num_envs, self.stack_kind = first.url, num_envs, first.stack_kind
+        self.single_action_space = first.action_space
+        self.single_observation_space = first.observation_space
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self._obs: list[Any] = [None] * num_envs
+        self._observations: Any = create_empty_array(self.single_observation_space, n=num_envs, fn=np.zeros)
+        self._ended = np.zeros(num_envs, dtype=np.bool_)  # episode over, no server episode open
+        self._pool = ThreadPoolExecutor(max_workers=num_envs, thread_name_prefix="wmrl-remote")
+
+    def _batch(self) -> Any:
+        self._observations = concatenate(self.single_observation_space, self._obs, self._observations)
+        return self._observations
+
+    def reset(
+        self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        options = dict(options or {})
+        mask = options.pop("reset_mask", None)
+        which = list(range(self.num_envs)) if mask is None else [i for i in range(self.num_envs) if mask[i]]
+        if not which:
+            raise ValueError("reset_mask selects no sub-env")
+        seeds: list[int | None] = (
+            [None] * self.num_envs
+            if seed is None
+            else [seed + i for i in range(self.num_envs)]
+            if isinstance(seed, int)
+            else list(seed)
+        )
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"{len(seeds)} seeds for {self.num_envs} sub-envs")
+        results = list(self._pool.map(lambda i: self.envs[i].reset(seed=seeds[i], options=options or None), which))
+        infos: dict[str, Any] = {}
+        for i, (obs, info) in zip(which, results):
+            self._obs[i] = obs
+            self._ended[i] = False
+            infos = self._add_info(infos, info, i)
+        return self._batch(), infos
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        actions = list(iterate(self.action_space, actions))
+        live = [i for i in range(self.num_envs) if not self._ended[i]]
+        results = list(self._pool.map(lambda i: self.envs[i].step(actions[i]), live))
+        rewards = np.zeros(self.num_envs, dtype=np.float64)
+        terminated = np.zeros(self.num_envs, dtype=np.bool_)
+        truncated = np.zeros(self.num_envs, dtype=np.bool_)
+        infos: dict[str, Any] = {}
+        for i, (obs, reward, term, trunc, info) in zip(live, results):
+            self._obs[i], rewards[i], terminated[i], truncated[i] = obs, reward, term, trunc
+            infos = self._add_info(infos, info, i)
+        self._ended[live] = terminated[live] | truncated[live]
+        return self._batch(), rewards, terminated, truncated, infos
+
+    def close_extras(self, **kwargs: Any) -> None:
+        for env in self.envs:
+            env.close()
+        self._pool.shutdown(wait=True)
+
+    # -- the server's shared stack (as RemoteEnv's) -------------------------------------------
+    def begin_step(self, group_ids: Iterable[Hashable]) -> frozenset:
+        """Announce a training step's groups to the server; returns the anchor groups among them."""
+        return self.envs[0].begin_step(group_ids)
+
+    def metrics(self) -> dict[str, Any]:
+        """The server's ``/metrics``."""
+        return self.envs[0].metrics()
 
 
 def register_envs() -> None:

@@ -9,7 +9,8 @@ Shared by the server (``wmrl-serve``, :mod:`wrappers.serving`) and the remote cl
   :class:`~wmrl_envs.outcome.Outcome`) into plain JSON; :func:`value_from_json` turns an
   observation or action back into what the space holds;
 * ``info``: :func:`info_from_json` rebuilds the :class:`~wmrl_envs.outcome.Outcome` values
-  (``outcome``, ``wm_outcome``, ...) so code reading ``info["outcome"].status`` runs unchanged.
+  (``outcome``, ``wm_outcome``, ..., and the episode's list ``outcomes``) so code reading
+  ``info["outcome"].status`` runs unchanged.
 
 Unknown values stay unknown: a key the server left out (the suite's info policy) is absent on
 the client too; nothing is turned into 0.
@@ -38,10 +39,20 @@ from gymnasium import spaces
 from wmrl_envs.outcome import Outcome
 from wmrl_envs.spaces import FreeText
 
-__all__ = ["space_to_json", "space_from_json", "to_json", "value_from_json", "info_from_json", "OUTCOME_KEYS"]
+__all__ = [
+    "space_to_json",
+    "space_from_json",
+    "to_json",
+    "value_from_json",
+    "info_from_json",
+    "OUTCOME_KEYS",
+    "OUTCOME_LIST_KEYS",
+]
 
 #: Info keys whose values are :class:`~wmrl_envs.outcome.Outcome` s.
 OUTCOME_KEYS = ("outcome", "wm_outcome", "real_outcome", "env_outcome")
+#: Info keys whose values are lists of :class:`~wmrl_envs.outcome.Outcome` s (an episode's, at its end).
+OUTCOME_LIST_KEYS = ("outcomes",)
 
 
 def space_to_json(space: spaces.Space) -> dict[str, Any]:
@@ -116,6 +127,9 @@ def info_from_json(info: Mapping[str, Any]) -> dict[str, Any]:
     for key in OUTCOME_KEYS:
         if isinstance(out.get(key), Mapping):
             out[key] = Outcome(**out[key])
+    for key in OUTCOME_LIST_KEYS:
+        if isinstance(out.get(key), list):
+            out[key] = [Outcome(**o) if isinstance(o, Mapping) else o for o in out[key]]
     if isinstance(out.get("anchor_pairs"), list):
         out["anchor_pairs"] = [tuple(p) for p in out["anchor_pairs"]]
     return out

@@ -6,9 +6,11 @@ happened, the anchor fraction (for a guard that raises it), whether the correcti
 engage within the run, and the stack's state for checkpoints -- goes through a
 :class:`StackHandle`. Every method works on any stack (``real`` | ``wm`` | ``wmrl``, single
 or vector); what a stack lacks answers neutrally (no anchors: no anchor groups; no
-calibration: weight 1.0; no world-model layer: no counters). A ``wmrl/Remote-v0`` env (its
-stack runs on a ``wmrl-serve`` server) is handled through the server: steps are announced there,
-the anchor weight and counters read from its ``/metrics``; the server checkpoints its own state.
+calibration: weight 1.0; no world-model layer: no counters). A ``wmrl/Remote-v0`` env or a
+:class:`~wmrl_envs.remote.RemoteVectorEnv` (its stack runs on a ``wmrl-serve`` server) is handled
+through the server: steps are announced there, the anchor weight and counters read from its
+``/metrics`` (the counters are the server's, every client's gradings included); the server
+checkpoints its own state.
 
 >>> import gymnasium as gym
 >>> import wmrl_envs
@@ -25,7 +27,7 @@ import math
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
-from wmrl_envs.remote import RemoteEnv
+from wmrl_envs.remote import RemoteEnv, RemoteVectorEnv
 from wrappers._common import find_layer
 from wrappers.anchor import AnchorWrapper, VectorAnchorWrapper
 from wrappers.calibration import CalibrationWrapper, VectorCalibrationWrapper, load_stack_state_dict, stack_state_dict
@@ -49,7 +51,9 @@ class StackHandle:
         self._world_model: Any = find_layer(env, (WorldModelWrapper, VectorWorldModelWrapper))
         self._calibration: Any = find_layer(env, (CalibrationWrapper, VectorCalibrationWrapper))
         unwrapped = getattr(env, "unwrapped", None)
-        self._remote: RemoteEnv | None = unwrapped if isinstance(unwrapped, RemoteEnv) else None
+        self._remote: RemoteEnv | RemoteVectorEnv | None = (
+            unwrapped if isinstance(unwrapped, (RemoteEnv, RemoteVectorEnv)) else None
+        )
 
     # -- a step ---------------------------------------------------------------------------
     def begin_step(self, group_ids: Iterable[Hashable], priority: Mapping[Hashable, float] | None = None) -> frozenset:
@@ -114,13 +118,18 @@ class StackHandle:
 
     def counters(self) -> dict[str, Any] | None:
         """The world-model layer's cumulative counters (``real_executions``, ``real_seconds``,
-        ``wm_predictions``, ``wm_seconds``), or ``None`` without one."""
+        ``wm_predictions``, ``wm_seconds``), or ``None`` without one (a remote env: the server's)."""
+        if self._remote is not None:
+            counters = self._remote.metrics().get("counters")
+            return None if counters is None else dict(counters)
         return None if self._world_model is None else self._world_model.counters.to_dict()
 
     # -- the corrections -----------------------------------------------------------------
     def corrections_idle(self, steps: int, groups_per_step: int, group_size: int) -> str | None:
         """A warning text when ``steps`` more steps cannot collect the anchor pairs of the
         first isotonic fit (see :func:`corrections_budget`), else ``None``."""
+        if self._remote is not None:
+            return self._remote_corrections_idle(steps, groups_per_step, group_size)
         if self._calibration is None or self._anchor is None or steps <= 0:
             return None
         cal = self._calibration.calibrator
@@ -131,6 +140,24 @@ class StackHandle:
             pairs_seen=cal.debiaser.n_seen,
             steps=steps,
             anchors_per_step=anchors_per_step(self.anchor_fraction or 0.0, self.anchor_min_per_step, groups_per_step),
+            group_size=group_size,
+        )
+
+    def _remote_corrections_idle(self, steps: int, groups_per_step: int, group_size: int) -> str | None:
+        """:meth:`corrections_idle` from the server's ``/metrics`` (its calibrator, all clients' pairs)."""
+        assert self._remote is not None
+        metrics = self._remote.metrics()
+        fit = metrics.get("map")
+        if steps <= 0 or not isinstance(fit, dict) or fit.get("fitted") or not fit.get("corrections", True):
+            return None
+        per_step = anchors_per_step(
+            float(metrics.get("anchor_fraction") or 0.0), int(metrics.get("anchor_min_per_step") or 0), groups_per_step
+        )
+        return corrections_budget(
+            start_pairs=int(fit["start_pairs"]),
+            pairs_seen=int(metrics.get("anchor_pairs_total") or 0),
+            steps=steps,
+            anchors_per_step=per_step,
             group_size=group_size,
         )
 

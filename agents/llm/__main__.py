@@ -4,6 +4,7 @@
 
     python -m agents.llm train --stack wmrl --total-steps 12 --output-dir runs/grpo-wmrl --evaluate true
     python -m agents.llm train --policy tiny-plan --stack wmrl --total-steps 2 --output-dir runs/smoke
+    python -m agents.llm train --remote http://127.0.0.1:8000 --total-steps 12 --output-dir runs/grpo-remote
     python -m agents.llm evaluate --checkpoint runs/grpo-wmrl/checkpoint --k 4
 
 Every flag is a field of a config dataclass, with its default and documentation
@@ -15,8 +16,11 @@ Every flag is a field of a config dataclass, with its default and documentation
 sets any of them; flags override the file.
 
 Stacks (:func:`wrappers.build_stack`): ``real`` (plain GRPO on real execution), ``wm`` (pure
-world model), ``wmrl`` (``Calibration(Anchor(WorldModel(env)))``). Evaluation always executes
-for real. ``train --evaluate true`` evaluates before and after training and writes
+world model), ``wmrl`` (``Calibration(Anchor(WorldModel(env)))``). With ``--remote URL`` the
+stack is a ``wmrl-serve`` server's: the episodes run there (one ``wmrl/Remote-v0`` session per
+slot, :class:`~wmrl_envs.remote.RemoteVectorEnv`), no stack is built here, the stack kind is the
+server's and its world model, anchor and calibration settings are set on the server. Evaluation
+always executes for real, here. ``train --evaluate true`` evaluates before and after training and writes
 ``eval_before.json`` / ``eval_after.json`` next to the metrics.
 
 Names, paths and choices are checked before any model loads (:mod:`agents.llm.checks`); a
@@ -101,6 +105,9 @@ class TrainRun(AgentSetup):
             from-config model that cannot follow the format yet; skipped when resuming).
         warm_start_lr: learning rate of the warm start.
         evaluate: avg@k on held-out tasks (``--eval-*`` settings) before and after training.
+        remote: URL of a ``wmrl-serve`` server (e.g. http://127.0.0.1:8000) to train against:
+            the episodes run on its stack (``--stack`` is the server's; its world model, anchor
+            and calibration settings are the server's flags), none = the stack is built here.
     """
 
     stack: str = "real"
@@ -112,6 +119,7 @@ class TrainRun(AgentSetup):
     warm_start_steps: int = 0
     warm_start_lr: float = 1e-2
     evaluate: bool = False
+    remote: str | None = None
 
 
 @dataclass
@@ -229,14 +237,41 @@ def _check_resume(checkpoint: Path, setup: dict[str, Any], grpo: Any) -> int | N
     return step
 
 
-def _check_train(run: TrainRun, grpo: Any, cfg: EvalConfig) -> None:
+#: Settings of the stack itself: with ``--remote`` they are the server's (``wmrl-serve`` flags).
+SERVER_SIDE = ("world_model", "anchor_fraction", "anchor_min_per_step", "anchor_overlap")
+
+
+def _check_remote(run: TrainRun, explicit: set[str]) -> None:
+    """With ``--remote``: reach the server, take its stack kind (refusing a different explicit
+    ``--stack``) and refuse stack settings that only the server can apply."""
+    from wmrl_envs.remote import describe_server
+
+    url = str(run.remote).rstrip("/")
+    try:
+        described = describe_server(url)
+    except (ConnectionError, ValueError) as err:
+        raise UsageError(f"--remote {run.remote!r}: {err}") from None
+    kind = described.get("stack")
+    if "stack" in explicit and run.stack != kind:
+        raise UsageError(f"--remote {url} serves the {kind!r} stack, not --stack {run.stack!r}: drop --stack")
+    given = [name for name in SERVER_SIDE if name in explicit]
+    given += sorted({"calibration"} & {k.split("__")[0] for k in explicit})
+    if given:
+        flags = ", ".join(_flag(name) + ("-*" if name == "calibration" else "") for name in given)
+        raise UsageError(f"{flags}: with --remote the stack is the server's; set them on wmrl-serve instead")
+    run.stack = str(kind)
+
+
+def _check_train(run: TrainRun, grpo: Any, cfg: EvalConfig, explicit: set[str] | None = None) -> None:
     from agents.llm.scaffolds import SCAFFOLDS
     from wrappers import STACKS
 
     check_policy(run.policy)
     check_choice("--scaffold", run.scaffold, sorted(SCAFFOLDS))
+    if run.remote:
+        _check_remote(run, explicit or set())
     check_choice("--stack", run.stack, STACKS)
-    if run.stack != "real":
+    if run.stack != "real" and not run.remote:
         check_world_model(run.world_model)
     check_tasks(run.tasks, split="train", flag="--tasks")
     check_tasks(cfg.tasks, split="test", flag="--eval-tasks")
@@ -255,8 +290,10 @@ def _load_policy(spec: str, **kwargs: Any) -> Any:
         raise UsageError(str(err)) from err
 
 
-def cmd_train(run: TrainRun, grpo: Any, calibration: Any, cfg: EvalConfig) -> int:
-    _check_train(run, grpo, cfg)
+def cmd_train(run: TrainRun, grpo: Any, calibration: Any, cfg: EvalConfig, explicit: set[str] | None = None) -> int:
+    """``train``; ``explicit``: the settings the user gave (flags or file), checked against
+    the server's with ``--remote``."""
+    _check_train(run, grpo, cfg, explicit)
     run.lora = lora_by_default(run.policy) if run.lora is None else run.lora
     out = Path(grpo.output_dir)
     setup = {**dataclasses.asdict(run), "calibration": dataclasses.asdict(calibration)}
@@ -304,14 +341,19 @@ def cmd_train(run: TrainRun, grpo: Any, calibration: Any, cfg: EvalConfig) -> in
         before = _evaluate(policy, scaffold, run, cfg)
         (out / "eval_before.json").write_text(json.dumps(before, indent=1, default=str))
         _print_eval("before", before)
-    env = make_vector_env(
-        "wmrl/AutoResearch-v0", grpo.groups_per_step * grpo.group_size, split="train", **run.env_kwargs()
-    )
-    stack = build_stack(
-        env, run.stack, load_world_model(run.world_model), anchor_fraction=run.anchor_fraction,
-        anchor_min_per_step=run.anchor_min_per_step, seed=grpo.seed, calibration=calibration,
-        anchor_overlap=run.anchor_overlap,
-    )  # fmt: skip
+    slots = grpo.groups_per_step * grpo.group_size
+    if run.remote:  # the stack lives on the server: one session per slot, nothing built here
+        from wmrl_envs.remote import RemoteVectorEnv
+
+        stack: Any = RemoteVectorEnv(run.remote, slots)
+        print(f"training against {run.remote} ({run.stack} stack on the server, {slots} sessions)", flush=True)
+    else:
+        env = make_vector_env("wmrl/AutoResearch-v0", slots, split="train", **run.env_kwargs())
+        stack = build_stack(
+            env, run.stack, load_world_model(run.world_model), anchor_fraction=run.anchor_fraction,
+            anchor_min_per_step=run.anchor_min_per_step, seed=grpo.seed, calibration=calibration,
+            anchor_overlap=run.anchor_overlap,
+        )  # fmt: skip
     t0 = time.perf_counter()
     try:
         result = train(LLMAgent(policy, stack, scaffold, grpo, tasks=tasks), resume=True, run_info=setup)
@@ -438,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with one_line_warnings():
         try:
             if args.command == "train":
-                return cmd_train(run, grpo, calibration, cfg)
+                return cmd_train(run, grpo, calibration, cfg, explicit)
             return cmd_evaluate(erun, cfg, explicit)
         except UsageError as err:
             print(f"python -m agents.llm {args.command}: {err}", file=sys.stderr)

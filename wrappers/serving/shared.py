@@ -296,12 +296,14 @@ class SharedStack:
                 out.update(
                     anchor_share=self.anchor_core.scheduler.realized_fraction,
                     anchor_fraction=self.anchor_core.scheduler.fraction,
+                    anchor_min_per_step=self.anchor_core.scheduler.min_per_step,
                     anchor_pairs_total=debiaser.n_seen,
                     anchor_pairs_kept=len(debiaser.pairs),
                     map={
                         "fitted": debiaser.fitted,
                         "fits": debiaser.n_fits,
                         "start_pairs": self.calibrator.config.start_pairs,
+                        "corrections": bool(self.calibrator.config.debias or self.calibrator.config.denoise),
                         "knots": debiaser.state_dict()["map"],
                     },
                     anchor_weight=self.calibrator.anchor_weight,
