@@ -47,6 +47,8 @@ class ServeLoadConfig:
         stepping_sessions: sessions stepping in parallel.
         episodes: one-turn episodes per stepping session.
         in_process_episodes: episodes of the in-process baseline.
+        batch_predictions: the server predicts concurrent sessions' requests in one batch
+            (``wmrl-serve --batch-predictions``); false: one at a time, as before batching.
     """
 
     stack: str = "wm"
@@ -56,6 +58,7 @@ class ServeLoadConfig:
     stepping_sessions: int = 64
     episodes: int = 4
     in_process_episodes: int = 128
+    batch_predictions: bool = True
 
 
 CONFIG = ServeLoadConfig
@@ -80,6 +83,7 @@ class _Server:
     def __init__(self, config: ServeLoadConfig) -> None:
         cmd = [sys.executable, "-m", "wrappers.serving.cli", "--port", "0", "--max-turns", "1"]
         cmd += ["--stack", config.stack, "--tier", config.tier, "--max-sessions", str(4 * config.idle_sessions)]
+        cmd += ["--batch-predictions", str(config.batch_predictions).lower()]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert self.proc.stdout is not None
         line = ""
@@ -227,7 +231,13 @@ def _markdown(config: ServeLoadConfig, r: dict[str, Any]) -> str:
     ms = lambda s: f"{1000 * s:.1f} ms"
     lines = [
         f"Stack `{config.stack}`, tier `{config.tier}`, task `{config.task}`, one-turn episodes; "
-        f"world-model server step p50 (inside the stack): {ms(r['server_step_p50_s'])}.",
+        f"world-model server step p50 (inside the stack): {ms(r['server_step_p50_s'])}; predictions "
+        + (
+            f"batched ({step['predict_calls']} predict calls, {step['mean_batch']:.1f} requests each on average, "
+            f"largest {step['largest_batch']})."
+            if config.batch_predictions and step.get("mean_batch")
+            else "one at a time."
+        ),
         "",
         "| measure | wmrl-serve (loopback, WebSocket) | in-process stack |",
         "|---|---|---|",
@@ -253,8 +263,15 @@ def run(config: ServeLoadConfig, run_dir: Path, *, progress: bool = True) -> dic
         _warm_up(server, config, action)
         idle = _idle(server, config)
         time.sleep(1.0)  # the server closes the idle sessions
+        before = server.metrics()["counters"]
         stepping = _stepping(server, config, action)
-        server_p50 = server.metrics()["step_latency_s"]["p50"]
+        after = server.metrics()
+        server_p50 = after["step_latency_s"]["p50"]
+        calls = after["counters"]["wm_calls"] - before["wm_calls"]
+        predictions = after["counters"]["wm_predictions"] - before["wm_predictions"]
+        stepping["predict_calls"] = calls  # world-model predict calls of the stepping phase
+        stepping["mean_batch"] = predictions / calls if calls else None
+        stepping["largest_batch"] = after.get("largest_prediction_batch")
     finally:
         server.stop()
     result: dict[str, Any] = {

@@ -251,3 +251,103 @@ def test_sb3_and_the_stack_handle_run_unchanged_on_the_remote_env(servers):
     assert handle.real_executions == metrics["counters"]["real_executions"]
     env.close()
     server.stop()
+
+
+# ------------------------------------------------------------------ batched world-model predictions
+SOLUTIONS = ("majority", "prior", "logreg_C1.0", "tree_depth_2", "rf_100", "broken_no_submission")
+
+
+def _cases(tasks=("titanic", "penguins"), solutions=SOLUTIONS) -> list[tuple[str, str]]:
+    pools = {t: {s.solution_id: s.code for s in reference_pool(t, size="small")} for t in tasks}
+    return [(t, fence(pools[t][sid])) for t in tasks for sid in solutions]
+
+
+def _sessions(shared, cases, groups) -> list:
+    import gymnasium as gym
+
+    import wmrl_envs  # noqa: F401
+
+    sessions = [shared.attach(gym.make("wmrl/AutoResearch-v0", tier="small", max_turns=1)) for _ in cases]
+    for session, (task, _), (group, size) in zip(sessions, cases, groups):
+        _, info = session.reset(options={"group_id": group, "group_size": size, "task": task})
+        session.anchor = info.get("anchor", False)  # the wm stack has no anchors
+    return sessions
+
+
+def _step_together(shared, sessions, cases) -> list[dict]:
+    """Every session steps in its own thread; the grader is held busy until all their requests
+    wait, so they meet in one batch (deterministically, not by timing luck)."""
+    import threading
+
+    grader = shared._grader
+    infos: list = [None] * len(sessions)
+
+    def step(k: int) -> None:
+        infos[k] = sessions[k].step(cases[k][1])[4]
+
+    with grader._cv:
+        grader._running = True  # as if a prediction were running: arrivals queue
+    threads = [threading.Thread(target=step, args=(k,)) for k in range(len(sessions))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while len(grader._queue) < len(sessions) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(grader._queue) == len(sessions)
+    with grader._cv:
+        grader._running = False
+        grader._cv.notify_all()
+    for t in threads:
+        t.join(timeout=120)
+    return infos
+
+
+def test_concurrent_sessions_are_predicted_in_one_batch_with_the_scores_of_one_at_a_time():
+    from wmrl_envs.world_models import CodeOutcomeModel
+    from wrappers.serving.shared import SharedStack
+
+    wm = CodeOutcomeModel.load_default()
+    cases = _cases()
+    groups = [(f"g{k}", 1) for k in range(len(cases))]
+
+    one_by_one = SharedStack("wm", wm, batch_predictions=False)
+    sessions = _sessions(one_by_one, cases, groups)
+    expected = [s.step(action)[4] for s, (_, action) in zip(sessions, cases)]
+    assert one_by_one._grader.counters.wm_calls == len(cases)
+    for session in sessions:
+        one_by_one.detach(session)
+
+    batched = SharedStack("wm", wm)
+    sessions = _sessions(batched, cases, groups)
+    got = _step_together(batched, sessions, cases)
+    for session in sessions:
+        batched.detach(session)
+    counters = batched._grader.counters
+    assert counters.wm_calls == 1 and counters.wm_predictions == len(cases)  # one predict call
+    assert batched.metrics()["largest_prediction_batch"] == len(cases)
+    for g, e in zip(got, expected):
+        assert g["source"] == e["source"] == "wm"
+        assert g["wm_score"] == e["wm_score"] and g["calibrated_score"] == e["calibrated_score"]
+        assert g["outcome"].status == e["outcome"].status and g["outcome"].score == e["outcome"].score
+    assert sum(g["wm_seconds"] for g in got) == pytest.approx(counters.wm_seconds)
+
+    # wmrl: the anchor group's members are in the batch and still graded for real; its pairs
+    # reach the calibrator; the other group's rewards are the world model's
+    cheap = _cases(solutions=("majority", "prior"))
+    wmrl = SharedStack("wmrl", wm, anchor_fraction=0.5)
+    assert len(wmrl.begin_step(["a", "b"])) == 1
+    sessions = _sessions(wmrl, cheap, [("a", 2), ("a", 2), ("b", 2), ("b", 2)])
+    got = _step_together(wmrl, sessions, cheap)
+    assert wmrl._grader.counters.wm_calls == 1 and wmrl._grader.counters.wm_predictions == 4
+    reference = {(t, a): e for (t, a), e in zip(cases, expected)}
+    for session, case, info in zip(sessions, cheap, got):
+        assert info["wm_score"] == reference[case]["wm_score"]
+        if session.anchor:
+            assert info["source"] == "env" and info["true_score"] is not None
+        else:
+            assert info["source"] == "wm" and "true_score" not in info
+    assert sum(s.anchor for s in sessions) == 2
+    metrics = wmrl.metrics()
+    assert metrics["anchor_pairs_total"] == 2 and wmrl._grader.counters.real_executions == 2
+    for session in sessions:
+        wmrl.detach(session)

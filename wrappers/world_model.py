@@ -97,6 +97,12 @@ class _Grader:
         """``(raw, calibrated, seconds)`` for a batch of requests: one ``predict`` call."""
         if not requests:
             return [], [], 0.0
+        raw, seconds = self.predict_raw(requests)
+        self.count_predictions(raw, seconds)
+        return raw, self.calibrate(raw), seconds
+
+    def predict_raw(self, requests: Sequence[GradingRequest]) -> tuple[list[Outcome | None], float]:
+        """``(raw outcomes, seconds)`` of one ``predict`` call, checked; nothing counted."""
         t0 = time.perf_counter()
         raw = list(self.world_model.predict([r.context for r in requests], [r.action for r in requests]))
         seconds = time.perf_counter() - t0
@@ -105,12 +111,15 @@ class _Grader:
         for o in raw:
             if o is not None and not isinstance(o, Outcome):
                 raise TypeError(f"world model must return Outcome or None, got {type(o).__name__}")
+        return raw, seconds
+
+    def count_predictions(self, raw: Sequence[Outcome | None], seconds: float) -> None:
+        """Count one ``predict`` call's outcomes and seconds."""
         c = self.counters
         c.wm_calls += 1
         c.wm_predictions += len(raw)
         c.wm_unknown += sum(o is None or o.score is None for o in raw)
         c.wm_seconds += seconds
-        return raw, self.calibrate(raw), seconds
 
     def calibrate(self, raw: Sequence[Outcome | None]) -> list[Outcome | None]:
         if self.score_transform is None:

@@ -94,6 +94,9 @@ class ServerConfig:
             parallelism is its sessions: with more, concurrent world-model predictions from
             several threads oversubscribe the cores and spin (measured: 5.4 s per step instead
             of 90 ms with 4 stepping sessions on 2 cores). ``None``: the libraries' default.
+        batch_predictions: world-model requests of sessions stepping at once are predicted
+            together in one ``predict`` call (a request waits only for the prediction running
+            when it arrives); false: one at a time.
     """
 
     env_id: str = "wmrl/AutoResearch-v0"
@@ -112,6 +115,7 @@ class ServerConfig:
     checkpoint: str | None = None
     checkpoint_every_s: float = 30.0
     native_threads: int | None = 1
+    batch_predictions: bool = True
 
 
 def load_world_model(env_id: str, spec: str) -> Any:
@@ -160,6 +164,7 @@ class StackServer:
             seed=config.seed,
             calibration=config.calibration,
             on_pairs=self.save_checkpoint,
+            batch_predictions=config.batch_predictions,
         )
         self._executor: Any = None
         if config.sandbox_concurrency is not None and config.env_id.startswith("wmrl/AutoResearch"):

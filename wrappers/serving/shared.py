@@ -12,8 +12,17 @@ shared anchor core, every ``CalibrationWrapper`` feeds the shared calibrator, ev
 sub-envs come and go.
 
 Thread safety: sessions step concurrently (one thread each); the shared state is guarded by
-one re-entrant lock, held only around bookkeeping and world-model predictions, never around a
-real execution, so real runs of different sessions overlap.
+one re-entrant lock, held only around bookkeeping, never around a real execution or a
+world-model prediction, so real runs of different sessions overlap.
+
+Batched predictions: one world-model prediction runs at a time, and the requests of sessions
+that step while it runs wait for it, then are predicted together in *one* ``predict`` call (the
+world model is batched: 64 requests cost about what a few do one by one). Each session has
+one request in flight (its steps are sequential), so its order is kept; each request gets its
+own outcome, and its calibrated score is the shared map's at the batch's end, as it would be
+under the lock one at a time. A batch the world model refuses is predicted again request by
+request, so only the request at fault fails. Anchor members are batched the same way and still
+graded for real afterwards.
 
 Classes: :class:`SharedStack`.
 
@@ -50,16 +59,92 @@ __all__ = ["SharedStack"]
 _RESULTS_KEPT = 256
 
 
-class _LockedGrader(_Grader):
-    """The shared world-model grader: predictions, the map and the counters under the lock."""
+class _Ticket:
+    """One caller's requests waiting for a batched prediction, and what it got."""
 
-    def __init__(self, world_model: Any, lock: threading.RLock) -> None:
+    def __init__(self, requests: list[Any]) -> None:
+        self.requests = requests
+        self.result: tuple[list[Any], list[Any], float] | None = None
+        self.error: BaseException | None = None
+        self.done = False
+
+
+class _LockedGrader(_Grader):
+    """The shared world-model grader: predictions batched across sessions (``batch``; else one
+    at a time), the counters and the map under the shared lock (see the module docstring)."""
+
+    def __init__(self, world_model: Any, lock: threading.RLock, batch: bool = True) -> None:
         super().__init__(world_model)
         self._lock = lock
+        self.batch = batch
+        self.largest_batch = 0  # requests in the largest predict call so far (/metrics)
+        # Its own lock: callers wait for a batch without holding the shared one, so other
+        # sessions' bookkeeping goes on during a prediction.
+        self._cv = threading.Condition()
+        self._queue: list[_Ticket] = []
+        self._running = False
+        # The world model is called by one thread at a time (the batch's leader, or a caller
+        # inside the shared lock); held only around the call, never while taking the shared lock.
+        self._model_lock = threading.Lock()
 
     def predict(self, requests: Any) -> Any:
+        if not requests:
+            return [], [], 0.0
+        owned = getattr(self._lock, "_is_owned", None)
+        if not self.batch or (owned is not None and owned()):
+            # one at a time; also for a caller inside the shared lock, which a batch's
+            # leader needs (waiting for it there would deadlock)
+            with self._lock, self._model_lock:
+                self.largest_batch = max(self.largest_batch, len(requests))
+                return super().predict(requests)
+        ticket = _Ticket(list(requests))
+        with self._cv:
+            self._queue.append(ticket)
+            while self._running and not ticket.done:
+                self._cv.wait()
+            if not ticket.done:  # no prediction running: this caller predicts all that waits
+                self._running = True
+                batch, self._queue = self._queue, []
+        if not ticket.done:
+            try:
+                self._predict_batch(batch)
+            except BaseException as err:  # e.g. an interrupt: no caller of the batch waits forever
+                for t in batch:
+                    if not t.done:
+                        t.error, t.done = err, True
+            finally:
+                with self._cv:
+                    self._running = False
+                    self._cv.notify_all()
+        if ticket.error is not None:
+            raise ticket.error
+        assert ticket.result is not None
+        return ticket.result
+
+    def _predict_batch(self, batch: list[_Ticket]) -> None:
+        """One ``predict`` call for every ticket of ``batch`` (request by request if it fails)."""
+        flat = [r for t in batch for r in t.requests]
+        try:
+            with self._model_lock:
+                raw, seconds = self.predict_raw(flat)
+        except Exception as err:
+            if len(batch) == 1:
+                batch[0].error, batch[0].done = err, True
+                return
+            for t in batch:  # only the request at fault fails, as one at a time
+                self._predict_batch([t])
+            return
         with self._lock:
-            return super().predict(requests)
+            self.count_predictions(raw, seconds)
+            calibrated = self.calibrate(raw)
+            self.largest_batch = max(self.largest_batch, len(flat))
+        start = 0
+        for t in batch:
+            n = len(t.requests)
+            # each request's share of the call's seconds: the infos' wm_seconds sum to the counter
+            t.result = (raw[start : start + n], calibrated[start : start + n], seconds * n / len(flat))
+            t.done = True
+            start += n
 
     def count_real(self, n: int, seconds: float) -> None:
         with self._lock:
@@ -129,6 +214,8 @@ class SharedStack:
         calibration: the calibrator's :class:`~wrappers.CalibrationConfig` (default: the paper's).
         on_pairs: called (under the lock) with no argument after an info carrying anchor pairs
             or a group result reached the calibrator -- the server's checkpoint hook.
+        batch_predictions: predict concurrent sessions' requests together, in one ``predict``
+            call (see the module docstring); ``False``: one request at a time.
     """
 
     def __init__(
@@ -141,6 +228,7 @@ class SharedStack:
         seed: int = 0,
         calibration: CalibrationConfig | None = None,
         on_pairs: Callable[[], None] | None = None,
+        batch_predictions: bool = True,
     ) -> None:
         if kind not in STACKS:
             raise ValueError(f"unknown stack {kind!r}; choose from {STACKS}")
@@ -153,7 +241,7 @@ class SharedStack:
         self._settings: dict[str, Any] = dict(
             anchor_fraction=anchor_fraction, anchor_min_per_step=anchor_min_per_step, seed=seed
         )
-        self._grader = _LockedGrader(world_model, self.lock) if world_model is not None else None
+        self._grader = _LockedGrader(world_model, self.lock, batch_predictions) if world_model is not None else None
         self._wm_by_slot: dict[int, WorldModelWrapper] = {}
         self._free: list[int] = []
         self._stacks: dict[int, Any] = {}  # slot -> the session's outermost wrapper
@@ -291,6 +379,7 @@ class SharedStack:
             out: dict[str, Any] = {"stack": self.kind, "sessions": self.sessions}
             if self._grader is not None:
                 out["counters"] = self._grader.counters.to_dict()
+                out["largest_prediction_batch"] = self._grader.largest_batch
             if self.anchor_core is not None and self.calibrator is not None:
                 debiaser = self.calibrator.debiaser
                 out.update(
