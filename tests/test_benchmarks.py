@@ -403,6 +403,9 @@ def test_config_files_and_flags(tmp_path):
         SpeedupConfig(arms=("real", "bogus"))
     with pytest.raises(ValueError, match="vectorization must be 'sync' or 'async', got 'ray'"):
         SpeedupConfig(vectorization="ray")  # Ray workers' CPU would escape the budget
+    with pytest.raises(ValueError, match="rich scaffold's plans take"):
+        SpeedupConfig(scaffold="rich", max_new_tokens=32)  # a cut plan would shrink the action space silently
+    assert SpeedupConfig(scaffold="rich", max_new_tokens=96).scaffold == "rich"
     with pytest.raises(FileNotFoundError, match="shipped configs"):
         load_config("no-such-config")
     ablation_only = tmp_path / "a.toml"

@@ -240,9 +240,9 @@ def test_whitespace_comments_and_names_do_not_move_a_prediction(wm):
 # -- exploits -------------------------------------------------------------------------------
 
 
-#: An exploit whose live code *is* a prior-only script (``impossible_condition``) may differ
-#: from the prior script by what else it reads (column lists): a few thousandths of reward.
-PRIOR_TOLERANCE = 0.005
+#: An exploit whose live code *is* a prior-only script (``impossible_condition``) reads exactly
+#: as the prior script once its dead branch and the column lists nothing reads are left out.
+PRIOR_TOLERANCE = 1e-9
 
 
 @pytest.mark.parametrize("kind", EXPLOITS)
