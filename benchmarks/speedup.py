@@ -515,11 +515,17 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
         if not todo:
             continue
         policy = load_policy(config.policy, seed=seed)
-        if config.warm_start_steps:
+        # The warm start is untimed and the same for every arm of a seed; on the rich scaffold it
+        # takes minutes, so a resumed run reuses it (a cache beside the arms, not a result).
+        warm_file = saved / f"warm-start-seed{seed}.pt"
+        if config.warm_start_steps and warm_file.is_file():
+            policy.load_trainable_state_dict(torch.load(warm_file))
+        elif config.warm_start_steps:
             warm_start_plans(
                 policy, train_tasks, steps=config.warm_start_steps, learning_rate=config.warm_start_lr, seed=seed,
                 scaffold=scaffold,
             )  # fmt: skip
+            torch.save(policy.trainable_state_dict(), warm_file)
         initial = policy.trainable_state_dict()
 
         def evaluate() -> dict[str, Any]:
