@@ -124,7 +124,9 @@ def test_estimated_time_tracks_the_logged_cpu_time_of_long_runs():
         if not cpu or cpu < 10:
             continue
         f = read_script(r.code, r.context).features
-        if f.get("read:n_models") == 1 and f.get("read:log10_estimated_seconds") == f.get("read:log10_estimated_seconds"):
+        if f.get("read:n_models") == 1 and f.get("read:log10_estimated_seconds") == f.get(
+            "read:log10_estimated_seconds"
+        ):
             errors.append(f["read:log10_estimated_seconds"] - math.log10(cpu))
     assert len(errors) >= 30
     assert abs(float(np.median(errors))) < 0.25

@@ -115,7 +115,10 @@ def test_grader_peak_rss_is_bounded_on_maximal_submissions():
     for name in ("wide_header", "string_cells"):
         row = measure_payload(name, "flights_late")  # the largest shipped test set (12,000 rows)
         assert row["status"] == "no_submission"
-        assert row["peak_rss"] <= 256 << 20, row
+        # The absolute cap follows the host's imports: pandas >= 3 loads pyarrow when it is
+        # installed (the trl extra's `datasets` brings it): ~240 MiB before any grading, 190
+        # without. What grading a maximal submission adds is the bound that matters (below).
+        assert row["peak_rss"] <= 320 << 20, row
         assert row["peak_rss"] - row["baseline_rss"] <= 64 << 20, row
 
 

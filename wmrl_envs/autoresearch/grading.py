@@ -80,11 +80,13 @@ class SubmissionError(ValueError):
 
 def _keys(values: pd.Series) -> pd.Series:
     """Ids / class labels as comparable strings (1, 1.0 and "1" are the same key)."""
+    # object dtype on purpose: pandas >= 3 would store the strings as Arrow strings when pyarrow
+    # is installed, and every later set / lookup would copy each cell out again (bounded grading)
     if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
         finite = values.dropna()
         if len(finite) and np.all(np.isfinite(finite)) and np.all(finite == np.round(finite)):
-            return values.map(lambda v: str(int(v)) if pd.notna(v) else v)
-    return values.map(lambda v: str(v) if pd.notna(v) else v)
+            return pd.Series([str(int(v)) if pd.notna(v) else v for v in values], index=values.index, dtype=object)
+    return pd.Series([str(v) if pd.notna(v) else v for v in values], index=values.index, dtype=object)
 
 
 def _examples(items: Sequence[Any]) -> str:

@@ -441,9 +441,15 @@ def _drop_dead_stores(tree: ast.Module) -> ast.Module:
 
         def visit_Assign(self, node: ast.Assign) -> ast.AST | None:
             names = [stored(t) for t in node.targets]
-            if all(n is not None for n in names) and not any(
-                x in self.read for n in names for x in n  # type: ignore[union-attr]
-            ) and not effectful(node.value):
+            if (
+                all(n is not None for n in names)
+                and not any(
+                    x in self.read
+                    for n in names
+                    for x in n  # type: ignore[union-attr]
+                )
+                and not effectful(node.value)
+            ):
                 self.dropped += 1
                 return None
             return node
@@ -504,7 +510,9 @@ def _unknown_sklearn_module(module: str, names: Mapping[str, Any]) -> bool:
     inventory lists them all, from ``sklearn.__all__``): a misspelt or removed module.
     Private (``_x``) modules and deeper paths under a listed subpackage are not judged."""
     parts = module.split(".")
-    return parts[0] == "sklearn" and len(parts) > 1 and not parts[1].startswith("_") and ".".join(parts[:2]) not in names
+    return (
+        parts[0] == "sklearn" and len(parts) > 1 and not parts[1].startswith("_") and ".".join(parts[:2]) not in names
+    )
 
 
 def _log10_speed(estimator: str) -> float:
@@ -885,8 +893,11 @@ class _Reader:
                 )
                 width = max(width, all_width if in_all else onehot) if not math.isnan(width) else onehot
                 capped = _kw(c, "min_frequency") is not None or _kw(c, "max_categories") is not None
-                if in_all and sparse is not None and _value(sparse, self.consts) is False and not capped:
+                is_dense = sparse is not None and _value(sparse, self.consts) is False
+                if in_all and is_dense and not capped:
                     blocks.append((c, n_train * all_width))  # fitted on the training rows only
+                elif is_dense and not capped and self._inside_call(c, "ColumnTransformer") and self._keeps_levels():
+                    blocks.append((c, n_train * onehot))  # every level of the table's categorical columns
             elif name == "get_dummies":
                 dense = True
                 cols_kw = _kw(c, "columns")
@@ -932,6 +943,19 @@ class _Reader:
         else:
             self.f["read:dense_memory_share"] = 0.0 if memory > 0 else math.nan
             self.f["read:dense_over_memory"] = 0.0
+
+    def _keeps_levels(self) -> bool:
+        """Nothing in the script can drop categorical columns or merge their levels before
+        encoding: no cardinality or frequency test, no replacement, no column drop by a
+        computed list (dropping the target and id by name is fine)."""
+        if self.names & {"nunique", "value_counts", "where", "mask", "replace", "map", "cut", "qcut", "select_dtypes"}:
+            return False
+        for c in self.calls:
+            if _call_name(c) == "drop":
+                cols = _kw(c, "columns")
+                if cols is None or not isinstance(_value(cols, self.consts), list):
+                    return False
+        return True
 
     def _inside_call(self, node: ast.AST, name: str) -> bool:
         """``node`` is (in) an argument of a call to ``name``."""
