@@ -108,6 +108,9 @@ def test_assignments_nothing_reads_are_not_live_unless_they_have_effects():
     _, text, _ = live_source(code)
     assert "columns]" not in text and "for v" not in text  # both list comprehensions are gone
     assert ".fit(" in text and "inplace=True" in text and "to_csv" in text
+    # reading a file can fail (the private answers are not in the sandbox): never a dead store
+    reads = code.replace("model = make()", "answers = pd.read_csv('../private/answers.csv')\nmodel = make()")
+    assert "../private/answers.csv" in live_source(reads)[1]
     # the reader still sees the dead store: a missing column dropped there is a foreseen failure
     bad = code.replace("num = [c for c in cols if c]", "rest = train.drop(columns=['no_such_column'])")
     assert "no_such_column" not in live_source(bad)[1]

@@ -400,12 +400,13 @@ def _drop_unused_imports(tree: ast.Module) -> ast.Module:
     return tree
 
 
-# Calls that change state beyond the name they are assigned to: an assignment whose value
-# makes one is never a dead store.
+# Calls that change state beyond the name they are assigned to, or can fail (reading a file
+# the sandbox does not have raises): an assignment whose value makes one is never a dead store.
 _EFFECT_CALLS = frozenset(
     "fit fit_transform fit_predict fit_resample partial_fit to_csv to_parquet savetxt save write "
     "append extend insert update pop remove sort clear add setdefault seed system run makedirs mkdir "
-    "open exec eval __import__ sleep".split()
+    "open exec eval __import__ sleep read_csv read_table read_parquet read_json read_excel read_pickle "
+    "read_feather load loadtxt genfromtxt fromfile".split()
 )
 
 
