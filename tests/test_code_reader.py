@@ -387,3 +387,26 @@ def test_dropped_columns_are_checked_only_on_frames_whose_columns_are_known():
     # after get_dummies (or any transformation) the frame holds other columns: no claim
     dummies = head + "X = pd.get_dummies(train)\nX = X.drop(columns=['sex_male'])\n" + write
     assert read_script(dummies, ctx).foreseen is None
+
+
+def test_an_svm_with_a_raw_kernel_on_unscaled_features_is_read_and_times_out_in_the_logs():
+    """libsvm on raw feature scales: linear / polynomial kernels need orders of magnitude more
+    iterations (RBF saturates). The reader says so; the logged agent-style runs agree."""
+    svr = "from sklearn.svm import SVR\nm = SVR({})\nm.fit(X, y)\n"
+    scaled = "from sklearn.preprocessing import StandardScaler\nX = StandardScaler().fit_transform(X)\n"
+
+    def flag(code: str) -> float:
+        return read_script(code, {}).features["read:svm_unscaled_kernel"]
+
+    assert flag(svr.format("kernel='poly'")) == 1.0 and flag(svr.format("kernel='linear', C=10")) == 1.0
+    assert flag(svr.format("")) == 0.0  # RBF, the default
+    assert flag(scaled + svr.format("kernel='poly'")) == 0.0
+    assert math.isnan(flag("from sklearn.linear_model import Ridge\nm = Ridge()\nm.fit(X, y)\n"))
+    timeouts: dict[float, list[bool]] = {0.0: [], 1.0: []}
+    for r in read_agent_corpus():
+        if r.known and r.outcome.status in ("valid", "timeout"):
+            v = read_script(r.code, r.context).features["read:svm_unscaled_kernel"]
+            if not math.isnan(v):
+                timeouts[v].append(r.outcome.status == "timeout")
+    assert len(timeouts[1.0]) >= 10 and len(timeouts[0.0]) >= 10
+    assert np.mean(timeouts[1.0]) >= 0.6 > 0.4 >= np.mean(timeouts[0.0]), {k: np.mean(v) for k, v in timeouts.items()}

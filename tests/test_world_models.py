@@ -777,3 +777,17 @@ def test_shipped_transfer_model_gives_ensemble_confidence():
     valid = [o for o in out if o.status == "valid"]
     assert valid and any(o.metrics["percentile_std"] > 0 for o in valid)
     assert all(0.0 <= o.metrics["confidence"] <= 1.0 for o in valid)
+
+
+def test_a_featurizer_saved_before_a_reading_feature_was_added_keeps_its_columns():
+    from wmrl_envs.world_models.code_reader import READING_FEATURES
+    from wmrl_envs.world_models.features import ScriptFeaturizer
+
+    f = ScriptFeaturizer(n_hash=8, read_code=True).fit([{}], ["print(1)"])
+    state = f.state_dict()
+    assert state["reading_features"] == list(READING_FEATURES)
+    del state["reading_features"]  # what models saved before the names were stored hold
+    old = ScriptFeaturizer.from_state_dict(state)
+    assert old.reading_features == READING_FEATURES[:22] and "read:svm_unscaled_kernel" not in old.reading_features
+    x = old.transform([{}], ["print(1)"])
+    assert x.shape[1] == old.n_features == len(old.feature_names()) == f.n_features - (len(READING_FEATURES) - 22)

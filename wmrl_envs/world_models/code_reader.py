@@ -47,7 +47,7 @@ import ast
 import math
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,12 +62,16 @@ READING_FEATURES = (
     "read:log_target_not_inverted", "read:log10_dense_width", "read:dense_memory_share", "read:dense_over_memory",
     "read:log10_search_fits", "read:log10_estimated_seconds", "read:log10_time_share", "read:log10_loop_iterations",
     "read:loop_seconds_share", "read:sleep_share", "read:alloc_memory_share", "read:index_written",
-    "read:n_models", "read:uses_lib_boosting",
+    "read:n_models", "read:uses_lib_boosting", "read:svm_unscaled_kernel",
 )  # fmt: skip
 
 _EXIT_CALLS = frozenset({"exit", "quit", "_exit"})
 _WRITE_METHODS = frozenset({"to_csv", "savetxt", "to_parquet", "write_csv"})
 _ALLOC_CALLS = frozenset({"ones", "zeros", "empty", "full", "rand", "randn", "random", "normal", "uniform"})
+_SCALERS = frozenset(
+    {"StandardScaler", "MinMaxScaler", "RobustScaler", "MaxAbsScaler", "Normalizer", "QuantileTransformer",
+     "PowerTransformer", "scale", "minmax_scale", "robust_scale", "maxabs_scale", "normalize"}
+)  # fmt: skip
 _PROBA_CALLS = frozenset({"predict_proba", "decision_function", "predict_log_proba"})
 _DENSE_COPIES = 2.0  # a ColumnTransformer holds the encoder's block while np.hstack copies it
 _PY_LOOP_RATE = 5e6  # simple pure-Python inner-loop iterations per CPU-second (order of magnitude)
@@ -104,8 +108,8 @@ class CodeReading:
     features: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
-    def feature_vector(self) -> list[float]:
-        return [float(self.features.get(k, math.nan)) for k in READING_FEATURES]
+    def feature_vector(self, names: Sequence[str] = READING_FEATURES) -> list[float]:
+        return [float(self.features.get(k, math.nan)) for k in names]
 
 
 # ---------------------------------------------------------------------------------------
@@ -974,6 +978,7 @@ class _Reader:
         self.f["read:uses_lib_boosting"] = float(
             bool(self.names & {"LGBMClassifier", "LGBMRegressor", "XGBClassifier", "XGBRegressor"})
         )
+        self._svm_scaling(models)
         fits = 1.0
         for c in self.calls:
             name = _call_name(c)
@@ -1006,6 +1011,20 @@ class _Reader:
         self.f["read:log10_estimated_seconds"] = math.log10(total)
         wall = float(self.limits.get("wall_seconds") or math.nan)
         self.f["read:log10_time_share"] = math.log10(total / wall) if wall > 0 else math.nan
+
+    def _svm_scaling(self, models: Sequence[ast.Call]) -> None:
+        """An SVM with a linear or polynomial kernel on features nothing rescales: libsvm's
+        solver needs orders of magnitude more iterations on raw feature scales (an RBF
+        kernel saturates instead, and converges), so such fits run into the time limit."""
+        svms = [m for m in models if _call_name(m) in ("SVC", "SVR")]
+        if not svms:
+            return  # NaN: no SVM to read
+        scaled = bool(self.names & _SCALERS)
+        raw_kernels = []
+        for m in svms:
+            kernel = _value(_kw(m, "kernel"), self.consts) if _kw(m, "kernel") is not None else "rbf"
+            raw_kernels.append(kernel in ("linear", "poly"))
+        self.f["read:svm_unscaled_kernel"] = float(not scaled and any(raw_kernels))
 
     def _model_work(self, call: ast.Call, rows: float, width: float) -> float:
         name = _call_name(call) or ""

@@ -51,6 +51,10 @@ from sklearn.feature_extraction import FeatureHasher
 from wmrl_envs.world_models.code_reader import READING_FEATURES, read_script
 from wmrl_envs.world_models.estimators import ESTIMATOR_FAMILIES
 
+#: how many of :data:`READING_FEATURES` existed before featurizers saved their names (those
+#: are the columns of a model saved without ``reading_features``)
+_READING_FEATURES_FIRST_RELEASE = 22
+
 __all__ = [
     "ScriptFeaturizer",
     "ScriptSummary",
@@ -530,6 +534,9 @@ class ScriptFeaturizer:
         self.transfer_features = bool(transfer_features)
         self.landmark_features = bool(landmark_features)
         self.read_code = bool(read_code)
+        # the reading features this featurizer emits, by name: a model saved before a reading
+        # feature was added keeps the columns it was fitted on
+        self.reading_features: tuple[str, ...] = READING_FEATURES
         self.meta_keys: list[str] = []
 
     def fit(self, contexts: Sequence[Mapping[str, Any]], codes: Sequence[str]) -> ScriptFeaturizer:
@@ -554,7 +561,7 @@ class ScriptFeaturizer:
             + len(SIZE_FEATURES) * self.size_features
             + len(TRANSFER_FEATURES) * self.transfer_features
             + len(LANDMARK_FEATURES) * self.landmark_features
-            + len(READING_FEATURES) * self.read_code
+            + len(self.reading_features) * self.read_code
             + len(self.meta_keys)
             + self.n_hash
         )
@@ -568,7 +575,7 @@ class ScriptFeaturizer:
             + (list(SIZE_FEATURES) if self.size_features else [])
             + (list(TRANSFER_FEATURES) if self.transfer_features else [])
             + (list(LANDMARK_FEATURES) if self.landmark_features else [])
-            + (list(READING_FEATURES) if self.read_code else [])
+            + (list(self.reading_features) if self.read_code else [])
             + [f"ctx:{k}" for k in self.meta_keys]
             + [f"hash:{i}" for i in range(self.n_hash)]
         )
@@ -610,7 +617,7 @@ class ScriptFeaturizer:
             if self.landmark_features:
                 row += landmark_features(flat, s)
             if self.read_code:
-                row += (s.reading or read_script("", ctx)).feature_vector()
+                row += (s.reading or read_script("", ctx)).feature_vector(self.reading_features)
             for k in self.meta_keys:
                 meta = flat.get(k)
                 row.append(float(meta) if isinstance(meta, (int, float)) else math.nan)
@@ -637,6 +644,7 @@ class ScriptFeaturizer:
             "transfer_features": self.transfer_features,
             "landmark_features": self.landmark_features,
             "read_code": self.read_code,
+            "reading_features": list(self.reading_features),
         }
 
     @classmethod
@@ -650,6 +658,7 @@ class ScriptFeaturizer:
             read_code=bool(d.get("read_code", False)),
         )
         f.meta_keys = list(d["meta_keys"])
+        f.reading_features = tuple(d.get("reading_features", READING_FEATURES[:_READING_FEATURES_FIRST_RELEASE]))
         return f
 
 
