@@ -37,6 +37,8 @@ Classes: :class:`SpeedupConfig`. Functions: :func:`run`, :func:`cost_to_reach`,
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import time
 import warnings
@@ -404,8 +406,6 @@ def headline(real: Mapping[str, Any], wmrl: Mapping[str, Any]) -> dict[str, Any]
 def _world_model(config: SpeedupConfig, policy_tasks: Sequence[str], run_dir: Path) -> tuple[Any, dict[str, Any]]:
     """The graders' world model and its provenance: fitted out of sample (saved in the run
     directory, so a resumed run reuses it and its recorded one-off cost), or loaded."""
-    import json
-
     from benchmarks.speedup_accounting import fit_out_of_sample_world_model
     from wmrl_envs.world_models import CodeOutcomeModel
 
@@ -477,8 +477,6 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
     ``summary.json``, ``heldout_vs_cost.png`` and ``monitor.png`` into ``run_dir``. Each
     finished arm x seed is saved under ``run_dir/arms/``; a rerun into the same directory
     continues where it stopped."""
-    import json
-
     import torch
 
     from agents.llm.scaffolds import make_scaffold
@@ -504,10 +502,11 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
     guard_events: dict[str, list[dict[str, Any]]] = {}
     bar = tqdm(total=len(config.seeds) * len(config.arms), desc="speedup", disable=not progress)
     for seed in config.seeds:
-        todo = [a for a in config.arms if not (saved / f"{a}-seed{seed}.json").is_file()]
+        todo = [a for a in config.arms if _finished_arm(saved, a, seed) is None]
         for arm in config.arms:
             if arm not in todo:
-                done = json.loads((saved / f"{arm}-seed{seed}.json").read_text())
+                done = _finished_arm(saved, arm, seed)
+                assert done is not None
                 rows.append(done["row"])
                 histories[f"{arm}-seed{seed}"] = done["history"]
                 guard_events[f"{arm}-seed{seed}"] = done["guard_events"]
@@ -549,7 +548,7 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
             rows.append(row)
             histories[f"{arm}-seed{seed}"] = history
             guard_events[f"{arm}-seed{seed}"] = events
-            write_json(saved / f"{arm}-seed{seed}.json", {"row": row, "history": history, "guard_events": events})
+            _save_arm(saved, arm, seed, {"row": row, "history": history, "guard_events": events})
             if config.save_policies:
                 torch.save(policy.trainable_state_dict(), saved / f"{arm}-seed{seed}.pt")
             bar.update()
@@ -590,13 +589,31 @@ def _finish(
         "per_seed": [{k: v for k, v in r.items() if k != "curve"} for r in rows],
         "curves": {f"{r['arm']}-seed{r['seed']}": r["curve"] for r in rows},
         "guard_events": guard_events,
-        "histories": histories,
+        # the per-step logs stay in arms/<arm>-seed<s>.json.gz (megabytes per arm x seed)
+        "histories_in": "arms/<arm>-seed<seed>.json.gz",
     }
     plots = [str(_plot_curves(config, rows, run_dir / "heldout_vs_cost.png"))]
     if "wmrl" in config.arms:
         plots.append(str(_plot_monitor(histories, config, run_dir / "monitor.png")))
     result["plots"] = plots
-    return write_results(run_dir, result, tables(result))
+    return {**write_results(run_dir, result, tables(result)), "histories": histories}
+
+
+def _save_arm(saved: Path, arm: str, seed: int, payload: Mapping[str, Any]) -> None:
+    """One finished arm x seed, gzipped (its per-step history is megabytes of JSON)."""
+    tmp = saved / f".{arm}-seed{seed}.json.gz.tmp"
+    with gzip.open(tmp, "wt") as f:
+        json.dump(payload, f, default=str)
+    tmp.replace(saved / f"{arm}-seed{seed}.json.gz")  # atomic: a killed run leaves no half file
+
+
+def _finished_arm(saved: Path, arm: str, seed: int) -> dict[str, Any] | None:
+    """The saved arm x seed (``.json.gz``, or the plain ``.json`` of runs before), if finished."""
+    packed, plain = saved / f"{arm}-seed{seed}.json.gz", saved / f"{arm}-seed{seed}.json"
+    if packed.is_file():
+        with gzip.open(packed, "rt") as f:
+            return json.load(f)
+    return json.loads(plain.read_text()) if plain.is_file() else None
 
 
 def build_summary(

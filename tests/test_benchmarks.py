@@ -8,7 +8,7 @@ from sandbox_helpers import local_executor  # noqa: F401
 from benchmarks.__main__ import main
 from benchmarks.ablation import AblationConfig
 from benchmarks.common import load_config
-from benchmarks.speedup import SpeedupConfig
+from benchmarks.speedup import SpeedupConfig, _finished_arm
 from wmrl_envs.config_cli import build_config
 
 pytest.importorskip("transformers")
@@ -35,6 +35,9 @@ def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
 
     arms = {r["arm"]: r for r in result["per_seed"]}
     assert set(arms) == {"real", "real1", "wm", "wmrl"}
+    # per-step histories live gzipped beside the arms, not in results.json
+    assert "histories" not in result and result["histories_in"] == "arms/<arm>-seed<seed>.json.gz"
+    histories = {f"{a}-seed0": _finished_arm(run_dir / "arms", a, 0)["history"] for a in arms}
     # The world model is out of sample by construction, and the summary says so.
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["wm_fit_overlap"] == [] and summary["wm_fit_tasks"] and summary["seeds"] == [0]
@@ -50,7 +53,7 @@ def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
         curve = result["curves"][f"{arm}-seed0"]
         # Every arm spends its budget (stopping at the first step boundary past it) and is
         # evaluated at the start (shared) and at the end; evaluation is not part of the cost.
-        assert row["cost_cpu_s"] >= 20.0 and row["steps"] == len(result["histories"][f"{arm}-seed0"]) >= 1
+        assert row["cost_cpu_s"] >= 20.0 and row["steps"] == len(histories[f"{arm}-seed0"]) >= 1
         assert [p["fraction"] for p in curve] == [0.0, 1.0] and curve[-1]["cost_cpu_s"] == pytest.approx(
             row["cost_cpu_s"], rel=0.05
         )
@@ -72,11 +75,16 @@ def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
     # max_gap 0 with action "raise": a positive gap, smoothed over the guard's window (4 steps
     # with anchor groups), raises the fraction; the first such step alone decides the first window.
     events = result["guard_events"]["wmrl-seed0"]
-    gaps = [h["monitor/gap"] for h in result["histories"]["wmrl-seed0"] if h.get("monitor/gap") is not None]
+    gaps = [h["monitor/gap"] for h in histories["wmrl-seed0"] if h.get("monitor/gap") is not None]
     if events:
         assert any(g > 0 for g in gaps) and all("exceed real scores" in e["reason"] for e in events)
     if gaps and gaps[0] > 0:
         assert events
+    # A rerun into the same directory continues from the saved arms: nothing is trained again.
+    args = ["--config", "speedup-smoke", "--run-dir", str(run_dir), "--no-progress", "--monitor-max-gap", "0.0"]
+    assert main(["speedup", *args]) == 0
+    again, _, _ = _read(run_dir)
+    assert again["per_seed"] == result["per_seed"] and again["curves"] == result["curves"]
 
 
 def test_bootstrap_ci_covers_a_known_mean():
