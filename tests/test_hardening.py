@@ -115,11 +115,14 @@ def test_grader_peak_rss_is_bounded_on_maximal_submissions():
     for name in ("wide_header", "string_cells"):
         row = measure_payload(name, "flights_late")  # the largest shipped test set (12,000 rows)
         assert row["status"] == "no_submission"
+        sizes = {k: row[k] >> 20 for k in ("baseline_rss", "peak_rss")}  # MiB, readable on failure
+        # What grading a maximal submission adds is the bound that matters.
+        assert row["peak_rss"] - row["baseline_rss"] <= 64 << 20, (name, sizes)
         # The absolute cap follows the host's imports: pandas >= 3 loads pyarrow when it is
         # installed (the trl extra's `datasets` brings it): ~240 MiB before any grading, 190
-        # without. What grading a maximal submission adds is the bound that matters (below).
-        assert row["peak_rss"] <= 320 << 20, row
-        assert row["peak_rss"] - row["baseline_rss"] <= 64 << 20, row
+        # without; the same child's peak measured 295-310 MiB alone and 337 MiB once late in the
+        # full suite (2026-12-05), so the cap leaves that spread room.
+        assert row["peak_rss"] <= 384 << 20, (name, sizes)
 
 
 # ---------------------------------------------------------------------------- cleanup and quota
