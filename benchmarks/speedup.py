@@ -502,11 +502,11 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
     guard_events: dict[str, list[dict[str, Any]]] = {}
     bar = tqdm(total=len(config.seeds) * len(config.arms), desc="speedup", disable=not progress)
     for seed in config.seeds:
-        todo = [a for a in config.arms if _finished_arm(saved, a, seed) is None]
+        finished = {a: _finished_arm(saved, a, seed) for a in config.arms}  # each file read once
+        todo = [a for a in config.arms if finished[a] is None]
         for arm in config.arms:
-            if arm not in todo:
-                done = _finished_arm(saved, arm, seed)
-                assert done is not None
+            done = finished[arm]
+            if done is not None:
                 rows.append(done["row"])
                 histories[f"{arm}-seed{seed}"] = done["history"]
                 guard_events[f"{arm}-seed{seed}"] = done["guard_events"]

@@ -1019,12 +1019,8 @@ class _Reader:
         svms = [m for m in models if _call_name(m) in ("SVC", "SVR")]
         if not svms:
             return  # NaN: no SVM to read
-        scaled = bool(self.names & _SCALERS)
-        raw_kernels = []
-        for m in svms:
-            kernel = _value(_kw(m, "kernel"), self.consts) if _kw(m, "kernel") is not None else "rbf"
-            raw_kernels.append(kernel in ("linear", "poly"))
-        self.f["read:svm_unscaled_kernel"] = float(not scaled and any(raw_kernels))
+        raw_kernel = any(_value(_kw(m, "kernel"), self.consts) in ("linear", "poly") for m in svms)  # default: RBF
+        self.f["read:svm_unscaled_kernel"] = float(raw_kernel and not self.names & _SCALERS)
 
     def _model_work(self, call: ast.Call, rows: float, width: float) -> float:
         name = _call_name(call) or ""
