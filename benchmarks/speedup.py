@@ -53,10 +53,11 @@ from tqdm.auto import tqdm
 from agents.llm.loading import load_policy, load_world_model, warm_start_plans
 from benchmarks.common import cpu_clock, new_figure, save_figure, summarize_seeds
 from benchmarks.report import machine_summary, markdown_table, write_json, write_results
-from benchmarks.speedup_accounting import OutcomeCache
+from benchmarks.speedup_accounting import OutcomeCache, bootstrap_ci, reach_ratios
 from wmrl_envs.config_cli import config_to_dict
 from wmrl_envs.vector import make_vector_env
 from wrappers import CalibrationConfig, build_stack
+from wrappers.parts.scheduling import SELECTIONS
 
 __all__ = [
     "RICH_PLAN_TOKENS",
@@ -78,8 +79,11 @@ ARM_METRICS = (
     "cost_cpu_s", "wall_s", "steps", "gen_cpu_s", "real_grading_cpu_s", "wm_grading_cpu_s", "update_cpu_s",
     "other_cpu_s", "real_executions", "anchor_share", "final_heldout", "best_heldout", "step_cpu_s",
     "final_train_reward", "anchor_weight", "monitor_gap", "monitor_rank_agreement", "cache_hits",
-    "distinct_scripts_per_task",
+    "distinct_scripts_per_task", "anchor_cpu_share", "informative_anchor_share", "anchor_weight_mean",
 )  # fmt: skip
+
+#: The WMRL arm's anchor metrics (see :func:`anchor_fields`), with CIs in ``summary.json``.
+ANCHOR_METRICS = ("anchor_cpu_share", "informative_anchor_share", "anchor_weight_mean")
 
 #: The arms: the three stacks, plus ``real1`` -- real execution with one group per step, so
 #: it takes as many optimizer steps per CPU-second as its execution cost allows (separates
@@ -133,6 +137,10 @@ class SpeedupConfig:
         anchor_fraction: target share of anchor groups (WMRL arm).
         anchor_min_per_step: floor of anchor groups per step (0: the target share is met over
             the run by error diffusion, not forced to one group per step).
+        anchor_selection: ``random`` (the paper's: anchor groups drawn before any member is
+            sampled) or ``informative`` (drawn after the members' first actions, among groups
+            with >= 2 distinct scripts, the world model's least confident first: see
+            :class:`~wrappers.VectorAnchorWrapper`).
         calibration_start_pairs: anchor pairs before the first isotonic fit (paper: 200).
         calibration_refit_every: refit the map after this many new pairs (paper: 64).
         calibration_half_life: EMA half-life of the disagreement, in anchor groups (paper: 64).
@@ -171,6 +179,7 @@ class SpeedupConfig:
     outcome_cache: bool = True
     anchor_fraction: float = 0.10
     anchor_min_per_step: int = 0
+    anchor_selection: str = "random"
     calibration_start_pairs: int = 16
     calibration_refit_every: int = 16
     calibration_half_life: float = 8.0
@@ -216,6 +225,8 @@ class SpeedupConfig:
         if self.vectorization not in ("sync", "async"):
             # Ray workers' CPU is not this process's or its children's: the budget could not see it.
             raise ValueError(f"vectorization must be 'sync' or 'async', got {self.vectorization!r}")
+        if self.anchor_selection not in SELECTIONS:
+            raise ValueError(f"anchor_selection must be one of {SELECTIONS}, got {self.anchor_selection!r}")
         if self.monitor_action not in ("raise", "stop"):
             raise ValueError(f"monitor_action must be 'raise' or 'stop', got {self.monitor_action!r}")
 
@@ -344,7 +355,26 @@ def _arm_row(
         "anchor_weight": last.get("anchor/weight") if arm == "wmrl" else None,
         "monitor_gap": float(np.mean(gaps)) if gaps else None,
         "monitor_rank_agreement": float(np.mean(ranks)) if ranks else None,
+        **anchor_fields(arm, history, cost),
         "curve": budget.points,
+    }
+
+
+def anchor_fields(arm: str, history: Sequence[Mapping[str, Any]], cost_cpu_s: float) -> dict[str, Any]:
+    """What the WMRL arm's anchors bought (``None`` for the other arms): ``anchor_cpu_share``
+    (real grading CPU -- all of it anchors -- over the arm's CPU), ``informative_anchor_share``
+    (anchor groups with a spread in both calibrated and real scores, over the anchor groups
+    with any known pair), ``anchor_weight_mean`` over steps and ``anchor_weight_trajectory``
+    (``[step, weight]`` at the first step and wherever the weight changed)."""
+    if arm != "wmrl":
+        return dict.fromkeys(ANCHOR_METRICS + ("anchor_weight_trajectory",))
+    monitored = _sum(history, "monitor/anchor_groups")
+    weights = [(int(h["step"]), float(h["anchor/weight"])) for h in history if h.get("anchor/weight") is not None]
+    return {
+        "anchor_cpu_share": _sum(history, "time/real_grading_cpu") / cost_cpu_s if cost_cpu_s > 0 else None,
+        "informative_anchor_share": _sum(history, "monitor/informative_groups") / monitored if monitored else None,
+        "anchor_weight_mean": float(np.mean([w for _, w in weights])) if weights else None,
+        "anchor_weight_trajectory": [[s, w] for k, (s, w) in enumerate(weights) if k == 0 or w != weights[k - 1][1]],
     }
 
 
@@ -446,6 +476,7 @@ def _one_arm(
     stack = build_stack(
         env, "real" if arm == "real1" else arm, counter, anchor_fraction=config.anchor_fraction,
         anchor_min_per_step=config.anchor_min_per_step, seed=seed, calibration=config.calibration(),
+        anchor_selection=config.anchor_selection if arm == "wmrl" else "random",
     )  # fmt: skip
     callbacks: list[Any] = [budget]
     guard = None
@@ -506,8 +537,8 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
         todo = [a for a in config.arms if finished[a] is None]
         for arm in config.arms:
             done = finished[arm]
-            if done is not None:
-                rows.append(done["row"])
+            if done is not None:  # arms saved before the anchor metrics existed get them from their history
+                rows.append({**anchor_fields(arm, done["history"], done["row"]["cost_cpu_s"]), **done["row"]})
                 histories[f"{arm}-seed{seed}"] = done["history"]
                 guard_events[f"{arm}-seed{seed}"] = done["guard_events"]
                 bar.update()
@@ -623,8 +654,6 @@ def build_summary(
     ratios vs the real arm at measured points, each a mean over seeds with a bootstrap 95% CI
     and the number of seeds that reached; plus the world model's fit set, its overlap with
     the policy's tasks and its one-off cost."""
-    from benchmarks.speedup_accounting import bootstrap_ci, reach_ratios
-
     one_off = (wm_info.get("fit_cpu_s") or 0.0) + (wm_info.get("fit_logged_cpu_s") or 0.0)
     wm_arms = [a for a in config.arms if a in ("wm", "wmrl")]
     per_run = one_off / max(1, len(config.seeds) * len(wm_arms))  # amortised over the run's world-model arm runs
@@ -648,12 +677,16 @@ def build_summary(
                 for r in mine
                 if r["seed"] in real
             ]
-            for key in ("ratio_final", "ratio_95gain", "ratio_final_amortized", "ratio_95gain_amortized"):
-                values = [x[key] for x in ratios]
-                name = "reach_" + key
-                entry[name] = _mean(values)
-                entry[name + "_ci95"] = bootstrap_ci(values)
-                entry[name + "_seeds_reached"] = sum(v is not None for v in values)
+            entry.update(_ratio_entries("reach_", ratios))
+        if arm == "wmrl":
+            for key in ANCHOR_METRICS:
+                values = [r.get(key) for r in mine]
+                entry[key], entry[key + "_ci95"] = _mean(values), bootstrap_ci(values)
+            # against the raw world model's own curve: do the corrections buy anything? (both
+            # arms use the same world model, so no one-off cost is added to either)
+            raw = {r["seed"]: r for r in rows if r["arm"] == "wm"}
+            versus = [reach_ratios(raw[r["seed"]]["curve"], r["curve"]) for r in mine if r["seed"] in raw]
+            entry.update(_ratio_entries("reach_vs_wm_", versus))
         arms[arm] = entry
     return {
         "seeds": list(config.seeds),
@@ -670,6 +703,17 @@ def build_summary(
         "distinct_scripts_per_task": {a: arms[a]["distinct_scripts_per_task"] for a in arms},
         "arms": arms,
     }
+
+
+def _ratio_entries(prefix: str, ratios: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Mean, bootstrap CI and seeds reached of each cost-to-reach ratio over seeds."""
+    entry: dict[str, Any] = {}
+    for key in ("ratio_final", "ratio_95gain", "ratio_final_amortized", "ratio_95gain_amortized"):
+        values = [x[key] for x in ratios]
+        entry[prefix + key] = _mean(values)
+        entry[prefix + key + "_ci95"] = bootstrap_ci(values)
+        entry[prefix + key + "_seeds_reached"] = sum(v is not None for v in values)
+    return entry
 
 
 def _mean(values: Sequence[Any]) -> float | None:
@@ -698,7 +742,9 @@ def tables(result: Mapping[str, Any]) -> str:
             "update CPU s": _pm(r, "update_cpu_s"), "real executions": _pm(r, "real_executions"),
             "anchor share": _pm(r, "anchor_share"), f"final held-out avg@{k}": _pm(r, "final_heldout"),
             f"best held-out avg@{k}": _pm(r, "best_heldout"), "WM gap (anchors)": _pm(r, "monitor_gap"),
-            "WM rank agreement": _pm(r, "monitor_rank_agreement"),
+            "WM rank agreement": _pm(r, "monitor_rank_agreement"), "anchor CPU share": _pm(r, "anchor_cpu_share"),
+            "informative anchor groups": _pm(r, "informative_anchor_share"),
+            "anchor weight (mean over steps)": _pm(r, "anchor_weight_mean"),
         }
         for r in result["arms"]
     ]  # fmt: skip
@@ -739,7 +785,8 @@ def tables(result: Mapping[str, Any]) -> str:
     load = result["load_average"]
     parts.append(
         f"Tier `{cfg['tier']}`, budget {cfg['budget_cpu_s']:g} CPU-s per arm, {cfg['groups_per_step']} groups x {cfg['group_size']} per step, "
-        f"anchor fraction {cfg['anchor_fraction']} (floor {cfg['anchor_min_per_step']}/step), policy `{cfg['policy']}`. Held-out: "
+        f"anchor fraction {cfg['anchor_fraction']} (floor {cfg['anchor_min_per_step']}/step, "
+        f"{cfg.get('anchor_selection', 'random')} selection), policy `{cfg['policy']}`. Held-out: "
         f"{', '.join(result['eval_tasks'])} (avg@{k}, real execution, untimed; {result['eval_memo']['real_runs']} real runs, "
         f"{result['eval_memo']['repeats_served']} repeated scripts served from their first run). Load average (1/5/15 min) at start "
         f"{tuple(round(x, 1) for x in load['start'])}, at end {tuple(round(x, 1) for x in load['end'])}; "
@@ -776,6 +823,11 @@ def _summary_table(summary: Mapping[str, Any], k: int) -> str:
             )
             row["same, WM one-off cost amortised"] = _ci(
                 a["reach_ratio_final_amortized"], a["reach_ratio_final_amortized_ci95"]
+            )
+        if "reach_vs_wm_ratio_final" in a:
+            row["ratio to raw WM arm's final (seeds reached)"] = (
+                f"{_ci(a['reach_vs_wm_ratio_final'], a['reach_vs_wm_ratio_final_ci95'])} "
+                f"({a['reach_vs_wm_ratio_final_seeds_reached']}/{len(a['seeds'])})"
             )
         rows.append(row)
     cost = summary["wm_one_off_cost"]

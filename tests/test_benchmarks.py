@@ -47,6 +47,7 @@ def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
         a = summary["arms"][arm]
         assert a["distinct_scripts_per_task"] >= 1 and a["cache_hits"] >= 0 and a["steps"] >= 1
         assert (arm == "real") != ("reach_ratio_final" in a)
+        assert (arm == "wmrl") == ("reach_vs_wm_ratio_final" in a) == ("anchor_cpu_share_ci95" in a)
     assert arms["real1"]["steps"] > arms["real"]["steps"]  # one group per step: more, cheaper steps
     for arm, row in arms.items():
         assert f"| {arm} |" in markdown
@@ -66,6 +67,8 @@ def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
     assert arms["wm"]["real_executions"] == 0 and arms["real"]["real_executions"] > 0
     assert arms["wm"]["cache_runs"] == 0 and arms["real"]["cache_runs"] + arms["real"]["cache_hits"] > 0
     wmrl_groups = arms["wmrl"]["steps"] * 2
+    assert 0.0 <= arms["wmrl"]["anchor_cpu_share"] < 1.0 and arms["real"]["anchor_cpu_share"] is None
+    assert arms["wmrl"]["anchor_weight_trajectory"][0][0] == 1 and arms["wmrl"]["anchor_weight_mean"] >= 1.0
     assert arms["wmrl"]["real_executions"] <= round(arms["wmrl"]["anchor_share"] * wmrl_groups) * 2
     # The headline is derived from the same curves; an undefined ratio says why.
     [head] = result["headline"]
@@ -85,6 +88,23 @@ def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
     assert main(["speedup", *args]) == 0
     again, _, _ = _read(run_dir)
     assert again["per_seed"] == result["per_seed"] and again["curves"] == result["curves"]
+
+
+def test_anchor_fields_read_what_the_wmrl_arms_anchors_bought():
+    from benchmarks.speedup import anchor_fields
+
+    history = [
+        {"step": 1, "anchor/weight": 1.0, "time/real_grading_cpu": 3.0, "monitor/anchor_groups": 1, "monitor/informative_groups": 0},
+        {"step": 2, "anchor/weight": 1.0, "time/real_grading_cpu": 0.0},
+        {"step": 3, "anchor/weight": 2.0, "time/real_grading_cpu": 5.0, "monitor/anchor_groups": 3, "monitor/informative_groups": 3},
+        {"step": 4, "anchor/weight": 1.5},
+    ]  # fmt: skip
+    got = anchor_fields("wmrl", history, cost_cpu_s=20.0)
+    assert got["anchor_cpu_share"] == pytest.approx(8.0 / 20.0)
+    assert got["informative_anchor_share"] == pytest.approx(3 / 4)
+    assert got["anchor_weight_mean"] == pytest.approx(5.5 / 4)
+    assert got["anchor_weight_trajectory"] == [[1, 1.0], [3, 2.0], [4, 1.5]]
+    assert set(anchor_fields("wm", history, 20.0).values()) == {None}
 
 
 def test_bootstrap_ci_covers_a_known_mean():

@@ -4,6 +4,7 @@ anchor pairs."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -125,3 +126,47 @@ def test_wmrl_training_through_full_stack_executes_only_anchor_groups(policy, tm
     assert [h["step"] for h in resumed.history] == [3]
     assert len(resumed_env.debiaser.pairs) >= pairs_before
     assert resumed.history[0]["calibration/anchor_pairs_total"] >= pairs_before
+
+
+def test_informative_anchors_are_chosen_after_sampling_among_groups_with_distinct_scripts():
+    """The same loop with ``selection="informative"``: groups are decided at their first step,
+    from the world model's preview of the members' actions, so an anchor group always holds
+    two or more distinct scripts, and the preview costs no second prediction. The replies
+    are drawn from the demonstration plans (a tiny policy writes mostly malformed text, whose
+    groups are never worth grading), so a quarter of the groups are copies of one plan."""
+    policy = LLMPolicy.tiny(seed=0)
+    draw = np.random.default_rng(0)
+
+    def generate(contexts, **_):
+        replies = [str(draw.choice(DEMOS)) for _ in contexts]
+        return [policy.tokenizer(r, add_special_tokens=False)["input_ids"] + [policy.eos_token_id] for r in replies]
+
+    policy.generate = generate  # type: ignore[method-assign]
+    env = make_vector_env("wmrl/AutoResearch-v0", len(TASKS) * GROUP, split="train", max_turns=1)
+    wm = VectorWorldModelWrapper(env, WORLD_MODEL.get("wm") or WORLD_MODEL.setdefault("wm", _world_model()))
+    env = VectorCalibrationWrapper(
+        VectorAnchorWrapper(wm, fraction=0.34, min_per_step=0, seed=0, selection="informative"), start_pairs=2
+    )
+    episodes: list = []
+
+    class Recording(LLMAgent):
+        def collect(self, groups, rng):
+            got, metrics = super().collect(groups, rng)
+            episodes.extend(got)
+            return got, metrics
+
+    config = GRPOConfig(groups_per_step=len(TASKS), group_size=GROUP, total_steps=4, micro_batch_size=6, progress=False)
+    result = train(Recording(policy, env, PlanScaffold(), config, tasks=TASKS))
+    by_group: dict = {}
+    for e in episodes:
+        by_group.setdefault(e.group_id, []).append(e)
+    anchor_groups = [g for g in by_group.values() if g[0].anchor]
+    copies = [g for g in by_group.values() if len({e.actions[0] for e in g}) == 1]
+    assert anchor_groups and copies, "the draw gave no anchor group or no group of copies: nothing is tested"
+    assert all(len({e.actions[0] for e in g}) >= 2 for g in anchor_groups)  # never a group of copies
+    assert all(all(e.anchor == g[0].anchor for e in g) for g in by_group.values())  # one decision per group
+    assert sum(h["anchor/groups"] for h in result.history) == len(anchor_groups)
+    graded = sum(e.graded_steps for e in episodes)
+    assert wm.counters.wm_predictions == graded  # previewed once, not predicted again by the step
+    assert wm.counters.real_executions == sum(e.graded_steps for g in anchor_groups for e in g) > 0
+    env.close()

@@ -21,12 +21,14 @@ def test_anchor_group_stats_reads_only_anchor_groups_and_known_scores():
     ]
     stats = anchor_group_stats(results)
     assert stats["anchor_groups"] == 3
+    assert stats["informative_groups"] == 2  # spread on both sides: the first two
     assert stats["gap"] == pytest.approx((0.4 + 0.2 + -0.4 + 0.4 + 0.4 - 0.4) / 6)
     assert stats["rank_agreement"] == pytest.approx((1.0 + -1.0) / 2)
     assert anchor_group_stats([]) == {
         "gap": None,
         "rank_agreement": None,
         "anchor_groups": 0,
+        "informative_groups": 0,
         "unknown_true": 0,
         "grader_failure_rate": None,
     }

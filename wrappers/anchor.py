@@ -26,6 +26,14 @@ Anchor members run the :class:`~wrappers.world_model.WorldModelWrapper` below in
 at once with :meth:`AnchorWrapper.begin_step`; otherwise decisions are made lazily at
 each new group's first reset.
 
+With ``selection="informative"`` (vector form) a step's groups are decided at their first
+*step* instead, once every member's action is known: the world model previews the actions
+(its predictions are reused by the step, not made twice), groups whose members all wrote
+the same script are passed over (their real scores would be equal: nothing for the
+calibration or the denoising weight to learn), and among the others the least confident
+ones are preferred (:func:`~wrappers.parts.scheduling.informative_priority`). Resets of such
+a group report ``anchor=None`` (undecided); its steps report the decision.
+
 With ``overlap=True`` anchor members are graded by the world model at step time and for
 real in background threads, so their real runs overlap the rest of the training step;
 results land through :meth:`AnchorWrapper.collect` (see :mod:`wrappers.anchor_overlap`
@@ -49,7 +57,7 @@ from gymnasium.vector import VectorEnv, VectorWrapper
 from wrappers._common import VectorSteps, json_key, known_info, put_info, require_layer, sub_info
 from wrappers._record import record_constructor_args
 from wrappers.anchor_overlap import BackgroundGrader
-from wrappers.parts.scheduling import AnchorScheduler
+from wrappers.parts.scheduling import SELECTIONS, AnchorScheduler, informative_priority
 from wrappers.world_model import VectorWorldModelWrapper, WorldModelWrapper
 
 __all__ = ["AnchorWrapper", "VectorAnchorWrapper", "GroupBook"]
@@ -120,7 +128,7 @@ class _Member:
     """The episode running in one slot (a single env has one slot; a vector env one per sub-env)."""
 
     group_id: Hashable
-    anchor: bool
+    anchor: bool | None  # None: the group's decision waits for its first step (informative selection)
     calibrated: float | None = None  # running max over graded turns (trajectory reward = max)
     true: float | None = None
     # overlap mode (anchor members only):
@@ -154,9 +162,13 @@ class _AnchorCore:
         set_mode: Callable[[int, str], None],
         auto_group_size: int,
         anchor_auto_groups: bool,
+        selection: str = "random",
     ) -> None:
         if not isinstance(auto_group_size, int) or auto_group_size < 1:
             raise ValueError(f"auto_group_size must be an int >= 1, got {auto_group_size!r}")
+        if selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
+        self.selection = selection
         self.scheduler = scheduler
         self.book = GroupBook()
         self.members: list[_Member | None] = [None] * num_slots
@@ -176,8 +188,13 @@ class _AnchorCore:
         self.completed: collections.deque[dict[str, Any]] = collections.deque(maxlen=_RECORDS_KEPT)
 
     def begin_step(self, group_ids: Iterable[Hashable], priority: Mapping[Hashable, float] | None = None) -> frozenset:
-        """Decide a training step's groups at once, then tell the step listeners."""
-        anchors = self.scheduler.begin_step(group_ids, priority)
+        """Decide a training step's groups at once (informative selection: announce them,
+        undecided), then tell the step listeners."""
+        if self.selection == "informative":
+            self.scheduler.defer(group_ids)
+            anchors: frozenset = frozenset()
+        else:
+            anchors = self.scheduler.begin_step(group_ids, priority)
         for listener in self.step_listeners:
             listener()
         return anchors
@@ -201,15 +218,51 @@ class _AnchorCore:
         self.book.join(group_id, size)
         anchor = self.scheduler.assign(group_id) if scheduled else False
         member = self.members[slot] = _Member(group_id, anchor)
+        self._apply(slot, member, anchor)
+        extra.update(group_id=group_id, anchor=anchor, anchor_fraction=self.scheduler.realized_fraction)
+        if member.ticket is not None:
+            extra["anchor_ticket"] = member.ticket
+        return extra
+
+    def _apply(self, slot: int, member: _Member, anchor: bool | None) -> None:
+        """Give ``slot``'s member its decision (``None``: undecided, graded like the others)."""
+        member.anchor = anchor
         # overlap: anchors are graded by the world model in step, for real in the background
         self._set_mode(slot, "both" if anchor and not self.overlap else "wm")
-        extra.update(group_id=group_id, anchor=anchor, anchor_fraction=self.scheduler.realized_fraction)
         if anchor and self.overlap:
             member.ticket = self._tickets
             self._tickets += 1
             self._by_ticket[member.ticket] = member
-            extra["anchor_ticket"] = member.ticket
-        return extra
+
+    def decide(self, slots: Iterable[int], preview: Callable[[list[int]], Mapping[int, tuple[Any, Any]]]) -> None:
+        """Informative selection, before a step of ``slots``: decide the groups of their
+        undecided members from ``preview(slots) -> {slot: (graded action, raw outcome)}``
+        (the world model's predictions of the actions about to be graded). A member whose
+        group was decided meanwhile (at a sibling's step) just takes the decision."""
+        undecided = [i for i in slots if (m := self.members[i]) is not None and m.anchor is None]
+        if not undecided:
+            return
+        groups: dict[Hashable, list[int]] = {}
+        for i in undecided:
+            member = self.members[i]
+            assert member is not None  # filtered above
+            known = self.scheduler.decision(member.group_id)
+            if known is None:
+                groups.setdefault(member.group_id, []).append(i)
+            else:
+                self._apply(i, member, known)
+        if not groups:
+            return
+        previewed = preview([i for group in groups.values() for i in group])
+        priority = {
+            g: informative_priority([previewed.get(i, (None, None)) for i in group]) for g, group in groups.items()
+        }
+        anchors = self.scheduler.decide(priority)
+        for g, group in groups.items():
+            for i in group:
+                member = self.members[i]
+                assert member is not None
+                self._apply(i, member, g in anchors)
 
     def overlap_ticket(self, slot: int) -> int | None:
         """The ticket of ``slot``'s member if its real gradings run in the background."""
@@ -267,7 +320,7 @@ class _AnchorCore:
     def _close(self, member: _Member) -> dict[str, Any] | None:
         result = self.book.finish(member.group_id, member.calibrated, member.true)
         if result is not None:
-            result["anchor"] = member.anchor
+            result["anchor"] = bool(member.anchor)  # a group that never stepped was never decided: not an anchor
             self.scheduler.release(member.group_id)
             self._graded.discard(member.group_id)
         if member.ticket is not None:
@@ -327,7 +380,9 @@ _INFO_DOC = """
     when the reset abandoned the last unfinished member of a group; every step also):
 
     * ``group_id``: the member's group (``"auto-<k>"`` for a reset without one).
-    * ``anchor``: True if the group is an anchor group (graded for real, mode ``"both"``).
+    * ``anchor``: True if the group is an anchor group (graded for real, mode ``"both"``);
+      left out at the reset of a group whose decision waits for its first step
+      (``selection="informative"``).
     * ``anchor_pairs``: this step's ``[(wm_score, true_score)]`` on anchor groups when both
       are known, else ``[]`` (``wm_score`` is the raw, uncalibrated world-model score).
     * ``anchor_fraction``: realized fraction of anchor groups so far.
@@ -349,6 +404,11 @@ class _AnchorBase:
     @property
     def scheduler(self) -> AnchorScheduler:
         return self._core.scheduler
+
+    @property
+    def selection(self) -> str:
+        """How anchor groups are chosen: ``"random"`` or ``"informative"`` (see the module docstring)."""
+        return self._core.selection
 
     @property
     def overlap(self) -> bool:
@@ -520,7 +580,13 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper, RecordConstructorArgs):
     sub-envs with its own ``reset_mask`` call. Episodes begun by autoreset (or reset
     without a ``group_id``) join automatic groups ``"auto-<k>"`` of ``auto_group_size``.
 
-    Args: as :class:`AnchorWrapper`, except ``group_size`` (see above).
+    Args: as :class:`AnchorWrapper`, except ``group_size`` (see above), plus
+        selection: ``"random"`` (default; the paper's: groups decided when the trainer
+            announces the step, before any member is sampled) or ``"informative"`` (decided
+            at a group's first step, from the world model's preview of its members' actions:
+            see the module docstring). Informative selection needs a group's members to take
+            their first step together, as :class:`agents.llm.rollout.Rollout` does; the single
+            form cannot see a group at once, so it has only ``"random"``.
 """
         + _INFO_DOC
         + """
@@ -542,16 +608,19 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper, RecordConstructorArgs):
         overlap: bool = False,
         grader: Callable[[Any], Any] | None = None,
         overlap_workers: int = 2,
+        selection: str = "random",
     ) -> None:
         record_constructor_args(
             self, fraction=fraction, min_per_step=min_per_step, max_concurrent=max_concurrent, seed=seed,
             groups_per_step=groups_per_step, auto_group_size=auto_group_size, anchor_auto_groups=anchor_auto_groups,
-            overlap=overlap, grader=grader, overlap_workers=overlap_workers,
+            overlap=overlap, grader=grader, overlap_workers=overlap_workers, selection=selection,
         )  # fmt: skip
         super().__init__(env)
         wm = require_layer(env, VectorWorldModelWrapper, needed_by="VectorAnchorWrapper")
         scheduler = AnchorScheduler(fraction, min_per_step, max_concurrent, seed, groups_per_step)
-        self._core = _AnchorCore(scheduler, self.num_envs, wm.set_mode, auto_group_size, anchor_auto_groups)
+        self._core = _AnchorCore(
+            scheduler, self.num_envs, wm.set_mode, auto_group_size, anchor_auto_groups, selection=selection
+        )
         self._steps = VectorSteps(env)
         if overlap and grader is None:  # a SyncVectorEnv's first sub-env grades any request
             sub_envs = getattr(env.unwrapped, "envs", None)
@@ -588,6 +657,9 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper, RecordConstructorArgs):
 
     def step(self, actions: Any):
         stepped = self._steps.stepped()
+        if self._core.selection == "informative":
+            wm = self._wm_layer
+            self._core.decide(np.flatnonzero(stepped).tolist(), lambda slots: wm.preview(actions, slots))
         deferred = self._overlap_requests(stepped, actions)
         obs, rewards, terminated, truncated, infos = self.env.step(actions)
         ended, restarted = self._steps.on_step(stepped, terminated, truncated)

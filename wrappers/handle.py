@@ -57,7 +57,8 @@ class StackHandle:
 
     # -- a step ---------------------------------------------------------------------------
     def begin_step(self, group_ids: Iterable[Hashable], priority: Mapping[Hashable, float] | None = None) -> frozenset:
-        """Announce the step's groups; returns the anchor groups among them (none without anchors)."""
+        """Announce the step's groups; returns the anchor groups among them (none without
+        anchors; none yet under informative selection, which decides at the groups' first step)."""
         if self._remote is not None:
             return self._remote.begin_step(group_ids) if self._remote.stack_kind == "wmrl" else frozenset()
         if self._anchor is None:

@@ -44,6 +44,7 @@ def build_stack(
     seed: int = 0,
     calibration: CalibrationConfig | None = None,
     anchor_overlap: bool = False,
+    anchor_selection: str = "random",
 ) -> Any:
     """Wrap ``env`` (an OutcomeSeam env, single or vector) as the stack ``kind``.
 
@@ -59,6 +60,9 @@ def build_stack(
         anchor_overlap: grade anchor groups for real in the background, overlapping the rest
             of the step (``AnchorWrapper(overlap=True)``; ``wmrl`` only; a single env or a
             ``SyncVectorEnv``).
+        anchor_selection: ``"random"`` (the paper's) or ``"informative"`` (decided after the
+            members' first actions, among groups with distinct scripts, least confident first;
+            ``wmrl`` on a vector env only: see :class:`~wrappers.anchor.VectorAnchorWrapper`).
     """
     if kind not in STACKS:
         raise ValueError(f"unknown stack {kind!r}; choose from {STACKS}")
@@ -67,13 +71,21 @@ def build_stack(
             raise ValueError(f"stack {kind!r} needs a world model")
         return env
     vector = isinstance(env, VectorEnv)
-    world, anchor, calibrate = (
-        (VectorWorldModelWrapper, VectorAnchorWrapper, VectorCalibrationWrapper)
-        if vector
-        else (WorldModelWrapper, AnchorWrapper, CalibrationWrapper)
+    if anchor_selection != "random" and not (vector and kind == "wmrl"):
+        raise ValueError(
+            f"anchor_selection={anchor_selection!r} needs the wmrl stack on a vector env (it sees a group's members "
+            f"step together); got kind={kind!r} on a {'vector' if vector else 'single'} env"
+        )
+    world, calibrate = (
+        (VectorWorldModelWrapper, VectorCalibrationWrapper) if vector else (WorldModelWrapper, CalibrationWrapper)
     )
     env = world(env, world_model, mode="env" if kind == "real" else "wm")
     if kind in ("real", "wm"):
         return env
-    env = anchor(env, fraction=anchor_fraction, min_per_step=anchor_min_per_step, seed=seed, overlap=anchor_overlap)
+    if vector:  # only the vector form sees a group's members step together (informative selection)
+        env = VectorAnchorWrapper(
+            env, anchor_fraction, anchor_min_per_step, seed=seed, overlap=anchor_overlap, selection=anchor_selection
+        )
+    else:
+        env = AnchorWrapper(env, anchor_fraction, anchor_min_per_step, seed=seed, overlap=anchor_overlap)
     return calibrate(env, calibration)

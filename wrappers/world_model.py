@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, SupportsFloat, cast
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.utils import RecordConstructorArgs
 from gymnasium.vector import VectorEnv, VectorWrapper
 from gymnasium.vector.utils import iterate
@@ -304,6 +305,9 @@ class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper, RecordConstructorA
         self._grader = _Grader(world_model)
         self.modes: list[str] = [_check_mode(mode)] * self.num_envs
         self._steps = VectorSteps(env)
+        # preview() of the coming step: {sub-env: (graded action, raw outcome)}, and its seconds
+        self._previewed: dict[int, tuple[Any, Outcome | None]] = {}
+        self._previewed_seconds = 0.0
 
     def set_mode(self, i: int, mode: str) -> None:
         """Set sub-env ``i``'s mode."""
@@ -313,20 +317,58 @@ class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper, RecordConstructorA
         self._steps.on_reset(None if options is None else options.get("reset_mask"))
         return self.env.reset(seed=seed, options=options)  # type: ignore[arg-type]  # gymnasium types seed int | None; vector envs take lists
 
-    def step(self, actions: Any):
-        n = self.num_envs
+    def _requests(self, actions: Any) -> tuple[np.ndarray, list[GradingRequest | None]]:
+        """The sub-envs stepping now and their grading requests (``None``: nothing to grade)."""
         stepped = self._steps.stepped()
         # A sub-env that autoresets in this step (next-step mode) gets no action: its
         # episode is over, so it has nothing to grade.
         pending_actions = [a if stepped[i] else None for i, a in enumerate(iterate(self.action_space, actions))]
         seam_env = cast(_SeamVectorEnv, self.env)
         seam_env.set_attr("pending_action", pending_actions)
-        requests = seam_env.call("pending_grading_request")  # None where no action is pending
+        return stepped, list(seam_env.call("pending_grading_request"))
+
+    def preview(self, actions: Any, sub_envs: Sequence[int]) -> dict[int, tuple[Any, Outcome | None]]:
+        """The raw world-model outcomes of the coming :meth:`step`'s ``actions`` on ``sub_envs``,
+        before it runs: ``{i: (the action as graded, outcome)}`` for those with something to
+        grade. One counted ``predict`` call; the next ``step`` reuses these predictions for the
+        same actions instead of predicting them again (the anchor layer's informative
+        selection reads them to choose which groups to grade for real)."""
+        stepped, requests = self._requests(actions)
+        idx = [i for i in sub_envs if stepped[i] and requests[i] is not None]
+        if not idx:
+            return {}
+        raw, seconds = self._grader.predict_raw([requests[i] for i in idx])  # type: ignore[misc]  # filtered above
+        self._grader.count_predictions(raw, seconds)
+        self._previewed = {i: (requests[i].action, o) for i, o in zip(idx, raw)}  # type: ignore[union-attr]
+        self._previewed_seconds = seconds
+        return dict(self._previewed)
+
+    def _predict(
+        self, requests: Sequence[GradingRequest | None], wm_idx: list[int]
+    ) -> tuple[list[Outcome | None], float]:
+        """Raw outcomes for ``wm_idx`` (previewed ones reused when the action is the same) and
+        the seconds spent predicting them, the preview's included."""
+        previewed, self._previewed = self._previewed, {}
+        seconds, self._previewed_seconds = self._previewed_seconds, 0.0
+        fresh = [i for i in wm_idx if i not in previewed or previewed[i][0] != requests[i].action]  # type: ignore[union-attr]
+        raw = {i: previewed[i][1] for i in wm_idx if i not in fresh}
+        if fresh:
+            predicted, fresh_seconds = self._grader.predict_raw([requests[i] for i in fresh])  # type: ignore[misc]
+            self._grader.count_predictions(predicted, fresh_seconds)
+            raw.update(zip(fresh, predicted))
+            seconds += fresh_seconds
+        return [raw[i] for i in wm_idx], seconds
+
+    def step(self, actions: Any):
+        n = self.num_envs
+        stepped, requests = self._requests(actions)
+        seam_env = cast(_SeamVectorEnv, self.env)
         modes: list[str | None] = [
             m if (stepped[i] and requests[i] is not None) else None for i, m in enumerate(self.modes)
         ]
         wm_idx = [i for i in range(n) if modes[i] in ("wm", "both")]
-        raw_list, cal_list, wm_seconds = self._grader.predict([requests[i] for i in wm_idx])
+        raw_list, wm_seconds = self._predict(requests, wm_idx)
+        cal_list = self._grader.calibrate(raw_list)
         raw: list[Outcome | None] = [None] * n
         calibrated: list[Outcome | None] = [None] * n
         for i, r, c in zip(wm_idx, raw_list, cal_list):

@@ -281,6 +281,8 @@ class Rollout:
     def _record(self, e: Episode, obs: Any, ended: bool, info: dict[str, Any]) -> None:
         e.turns += 1
         e.graded_steps += bool(info.get("graded"))
+        if info.get("anchor") is not None:  # informative selection decides at the first step, not the reset
+            e.anchor = bool(info["anchor"])
         if info.get("source") is not None:
             e.source = info["source"]
         if ended:

@@ -12,6 +12,10 @@ Per step, over the anchor groups that completed:
   scores (groups with constant scores on either side skipped): GRPO only uses the ranking
   inside a group, so this is what the world-model rewards get right or wrong.
 
+* ``informative_groups``: anchor groups with a spread in both calibrated and real scores
+  (>= 2 known members, not all equal on either side): the only ones that can teach the
+  calibration a within-group ranking or move the denoising weight;
+
 * ``unknown_true`` / ``grader_failure_rate``: anchor members the world model graded whose
   real outcome is unknown (``None``: the grader failed), as a count and as a share of the
   anchor members the world model graded. Unknown is excluded from ``gap`` (never scored 0),
@@ -26,8 +30,8 @@ anchor fraction, or stopping) is the trainer's business: see
 Functions: :func:`anchor_group_stats`.
 
 >>> stats = anchor_group_stats([{"anchor": True, "calibrated": [0.9, 0.6, 0.5], "true": [0.7, 0.6, 0.2]}])
->>> round(stats["gap"], 4), stats["rank_agreement"], stats["anchor_groups"]
-(0.1667, 1.0, 1)
+>>> round(stats["gap"], 4), stats["rank_agreement"], stats["anchor_groups"], stats["informative_groups"]
+(0.1667, 1.0, 1, 1)
 >>> stats = anchor_group_stats([{"anchor": True, "calibrated": [0.9, 0.6], "true": [None, 0.6]}])
 >>> stats["gap"], stats["unknown_true"], stats["grader_failure_rate"]
 (0.0, 1, 0.5)
@@ -45,12 +49,12 @@ __all__ = ["anchor_group_stats"]
 
 
 def anchor_group_stats(results: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """``gap``, ``rank_agreement``, ``anchor_groups``, ``unknown_true`` and
-    ``grader_failure_rate`` over the anchor groups among ``results`` (unknown scores excluded
+    """``gap``, ``rank_agreement``, ``anchor_groups``, ``informative_groups``, ``unknown_true``
+    and ``grader_failure_rate`` over the anchor groups among ``results`` (unknown scores excluded
     from the first two; a statistic with nothing to average is ``None``)."""
     gaps: list[float] = []
     ranks: list[float] = []
-    n = unknown = graded = 0
+    n = informative = unknown = graded = 0
     for r in results:
         if not r.get("anchor"):
             continue
@@ -64,11 +68,13 @@ def anchor_group_stats(results: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         cal, true = np.array(pairs, dtype=float).T
         gaps.extend(cal - true)
         if len(pairs) >= 2 and np.ptp(cal) > 1e-9 and np.ptp(true) > 1e-9:
+            informative += 1
             ranks.append(float(spearmanr(cal, true).statistic))
     return {
         "gap": float(np.mean(gaps)) if gaps else None,
         "rank_agreement": float(np.mean(ranks)) if ranks else None,
         "anchor_groups": n,
+        "informative_groups": informative,
         "unknown_true": unknown,
         "grader_failure_rate": unknown / graded if graded else None,
     }

@@ -12,20 +12,32 @@ Trainers call :meth:`AnchorScheduler.begin_step` with the step's group ids; wrap
 see groups one reset at a time call :meth:`AnchorScheduler.assign`, which takes decisions
 made by ``begin_step`` or else plans lazily (see ``groups_per_step``).
 
-Classes: :class:`AnchorScheduler`.
+*Informative* selection decides later: :meth:`AnchorScheduler.defer` announces a step's
+groups undecided, and :meth:`AnchorScheduler.decide` picks among them once their members'
+actions are known, with a priority per group or ``None`` for a group not worth grading
+for real (e.g. all its members wrote the same script: a degenerate group teaches the
+calibration nothing). The count is the same error-diffused count as above, but never more
+than the eligible groups; what a step could not place is carried to later steps, so the
+realized fraction still tracks the target.
+
+Classes: :class:`AnchorScheduler`. Functions: :func:`informative_priority`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from wrappers._common import json_key
 
-__all__ = ["AnchorScheduler"]
+__all__ = ["AnchorScheduler", "informative_priority", "SELECTIONS"]
+
+#: How anchor groups are chosen: ``random`` (the paper: decided before any member is
+#: sampled) or ``informative`` (after the members' first actions, among groups worth grading).
+SELECTIONS = ("random", "informative")
 
 _STATE_VERSION = 1
 
@@ -80,6 +92,7 @@ class AnchorScheduler:
         self.n_anchors = 0
         self.n_steps = 0
         self._decisions: dict[Hashable, bool] = {}
+        self._deferred: set[Hashable] = set()  # announced by defer(), not decided yet
         self._open: set[Hashable] = set()
         self._plan: list[bool] = []  # lazy slots not yet given to a group
 
@@ -111,25 +124,68 @@ class AnchorScheduler:
         >>> sorted(s.begin_step("abcdefgh", priority={"c": 0.9, "f": 0.8}))
         ['c', 'f']
         """
-        ids = list(group_ids)
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"begin_step: group ids must be distinct within a step, got {ids!r}")
-        for gid in ids:
-            self.release(gid)
-        self._plan = []
+        ids = self._new_step(group_ids, "begin_step")
         slots = self._choose(len(ids), floor=True)
         if priority is not None:
             # same count, same draws; the seeded order (anchors first) breaks ties
             order = sorted(range(len(ids)), key=lambda i: (-float(priority.get(ids[i], -math.inf)), not slots[i]))
             chosen = set(order[: sum(slots)])
             slots = [i in chosen for i in range(len(ids))]
-        anchors = frozenset(gid for gid, is_anchor in zip(ids, slots) if is_anchor)
+        return self._record_step(ids, slots)
+
+    def defer(self, group_ids: Iterable[Hashable]) -> None:
+        """Announce a training step's groups without deciding them (informative selection):
+        :meth:`assign` answers ``None`` for them until :meth:`decide` has.
+
+        >>> s = AnchorScheduler(fraction=0.5, seed=0)
+        >>> s.defer(["a", "b"]); s.assign("a") is None
+        True
+        >>> s.decide({"a": None, "b": 0.3})  # "a" is not worth grading for real
+        frozenset({'b'})
+        """
+        self._deferred.update(self._new_step(group_ids, "defer"))
+
+    def decide(self, candidates: Mapping[Hashable, float | None]) -> frozenset:
+        """Decide deferred groups now; returns the anchors among them.
+
+        ``candidates`` maps each group to decide to its priority (higher = more worth
+        grading for real) or ``None`` (never an anchor this time). The number of anchors is
+        :meth:`begin_step`'s for a step of ``len(candidates)`` groups, capped by the groups
+        with a priority; the highest priorities win (ties in the seeded random order).
+        Groups not deferred are refused: a decision is made once.
+        """
+        ids = list(candidates)
+        stray = [gid for gid in ids if gid not in self._deferred]
+        if stray:
+            raise ValueError(f"decide: groups {stray!r} were not deferred (or were decided already)")
+        eligible = [i for i, gid in enumerate(ids) if candidates[gid] is not None]
+        slots = self._choose(len(ids), floor=True, most=len(eligible))
+        # the seeded draws of _choose break ties among equal priorities
+        order = sorted(eligible, key=lambda i: (-float(candidates[ids[i]] or 0.0), not slots[i]))
+        chosen = set(order[: sum(slots)])
+        self._deferred.difference_update(ids)
+        return self._record_step(ids, [i in chosen for i in range(len(ids))])
+
+    def _new_step(self, group_ids: Iterable[Hashable], caller: str) -> list[Hashable]:
+        """A step's distinct ids, each released from an earlier decision; drops the lazy plan."""
+        ids = list(group_ids)
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{caller}: group ids must be distinct within a step, got {ids!r}")
+        for gid in ids:
+            self.release(gid)
+        self._plan = []
+        return ids
+
+    def _record_step(self, ids: list[Hashable], slots: list[bool]) -> frozenset:
         for gid, is_anchor in zip(ids, slots):
             self._record(gid, is_anchor)
-        return anchors
+        return frozenset(gid for gid, is_anchor in zip(ids, slots) if is_anchor)
 
-    def assign(self, group_id: Hashable) -> bool:
-        """The decision for ``group_id``: an earlier one if it exists, else the next lazy slot."""
+    def assign(self, group_id: Hashable) -> bool | None:
+        """The decision for ``group_id``: an earlier one if it exists, ``None`` if it is
+        deferred (see :meth:`defer`), else the next lazy slot."""
+        if group_id in self._deferred:
+            return None
         if group_id in self._decisions:
             return self._decisions[group_id]
         if not self._plan:
@@ -141,11 +197,13 @@ class AnchorScheduler:
         return is_anchor
 
     def decision(self, group_id: Hashable) -> bool | None:
-        """The decision for ``group_id``, or ``None`` if it has none (not decided or released)."""
+        """The decision for ``group_id``, or ``None`` if it has none (not decided, deferred or released)."""
         return self._decisions.get(group_id)
 
     def release(self, group_id: Hashable) -> None:
-        """Forget a finished group; frees its concurrency slot if it was an anchor."""
+        """Forget a finished group; frees its concurrency slot if it was an anchor. A deferred
+        group released undecided is dropped without counting as a group."""
+        self._deferred.discard(group_id)
         self._decisions.pop(group_id, None)
         self._open.discard(group_id)
 
@@ -156,8 +214,8 @@ class AnchorScheduler:
             self.n_anchors += 1
             self._open.add(group_id)
 
-    def _choose(self, n: int, *, floor: bool) -> list[bool]:
-        """Anchor flags for ``n`` group slots (one step)."""
+    def _choose(self, n: int, *, floor: bool, most: int | None = None) -> list[bool]:
+        """Anchor flags for ``n`` group slots (one step), at most ``most`` of them set."""
         self.n_steps += 1
         if n == 0 or self.fraction == 0.0:
             return [False] * n
@@ -170,6 +228,8 @@ class AnchorScheduler:
             count = max(count, min(self.min_per_step, n))
         if self.max_concurrent is not None:
             count = min(count, max(self.max_concurrent - len(self._open), 0))
+        if most is not None:
+            count = min(count, most)
         chosen = set(self._rng.permutation(n)[:count].tolist())
         return [i in chosen for i in range(n)]
 
@@ -191,6 +251,7 @@ class AnchorScheduler:
             "n_anchors": self.n_anchors,
             "n_steps": self.n_steps,
             "decisions": [[gid, flag] for gid, flag in self._decisions.items()],
+            "deferred": sorted(self._deferred, key=repr),
             "open": sorted(self._open, key=repr),  # a set: one order for the same members, run to run
             "plan": list(self._plan),
         }
@@ -208,4 +269,31 @@ class AnchorScheduler:
         self.n_steps = int(state["n_steps"])
         self._decisions = {json_key(gid): bool(flag) for gid, flag in state["decisions"]}
         self._open = {json_key(gid) for gid in state["open"]}
+        self._deferred = {json_key(gid) for gid in state.get("deferred", [])}  # absent before informative selection
         self._plan = [bool(x) for x in state["plan"]]
+
+
+def informative_priority(members: Sequence[tuple[Any, Any]]) -> float | None:
+    """A group's priority for informative selection, from its members' ``(graded action,
+    raw world-model outcome)``: ``None`` when fewer than two distinct actions are graded
+    (every member wrote the same script, so their real scores are equal and the group can
+    neither move the calibration's within-group ranking nor the denoising weight), else the
+    world model's mean uncertainty ``1 - metrics["confidence"]`` over the members that
+    report a confidence (0 when none does: the seeded order decides).
+
+    >>> informative_priority([("fit()", None), ("fit()", None)]) is None
+    True
+    >>> from wmrl_envs.outcome import Outcome
+    >>> sure, unsure = (Outcome("valid", 0.8, metrics={"confidence": c}) for c in (0.9, 0.5))
+    >>> round(informative_priority([("a", sure), ("b", unsure)]), 3)
+    0.3
+    """
+    graded = [(action, outcome) for action, outcome in members if action is not None]
+    if len({str(action) for action, _ in graded}) < 2:
+        return None
+    confidences = [
+        float(c)
+        for _, o in graded
+        if o is not None and isinstance(c := getattr(o, "metrics", {}).get("confidence"), (int, float))
+    ]
+    return 1.0 - float(np.mean(confidences)) if confidences else 0.0
