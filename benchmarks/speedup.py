@@ -138,9 +138,9 @@ class SpeedupConfig:
         anchor_min_per_step: floor of anchor groups per step (0: the target share is met over
             the run by error diffusion, not forced to one group per step).
         anchor_selection: ``random`` (the paper's: anchor groups drawn before any member is
-            sampled) or ``informative`` (drawn after the members' first actions, among groups
-            with >= 2 distinct scripts, the world model's least confident first: see
-            :class:`~wrappers.VectorAnchorWrapper`).
+            sampled), ``informative`` (drawn after the members' first actions, among groups
+            with >= 2 distinct scripts) or ``least-confident`` (the same, the world model's
+            least confident first): see :class:`~wrappers.VectorAnchorWrapper`.
         calibration_start_pairs: anchor pairs before the first isotonic fit (paper: 200).
         calibration_refit_every: refit the map after this many new pairs (paper: 64).
         calibration_half_life: EMA half-life of the disagreement, in anchor groups (paper: 64).

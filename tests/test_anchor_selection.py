@@ -37,11 +37,11 @@ class ConfidenceWorldModel(SyntheticWorldModel):
         ]
 
 
-def _stack(n_groups: int, size: int, fraction: float, seed: int = 0, wm=None, **calibration):
+def _stack(n_groups: int, size: int, fraction: float, seed: int = 0, wm=None, selection="informative", **calibration):
     venv = gym.vector.SyncVectorEnv([lambda: ToySeamEnv(max_turns=1)] * (n_groups * size))
     anchor = VectorAnchorWrapper(
         VectorWorldModelWrapper(venv, wm or ConfidenceWorldModel()), fraction=fraction, min_per_step=0, seed=seed,
-        selection="informative", anchor_auto_groups=False,
+        selection=selection, anchor_auto_groups=False,
     )  # fmt: skip
     env = VectorCalibrationWrapper(anchor, **calibration) if calibration else anchor
     env.reset()  # gymnasium: the first reset covers every sub-env (filler groups, never anchors)
@@ -111,16 +111,17 @@ def test_decide_refuses_groups_that_were_not_deferred_and_deferred_state_round_t
 def test_informative_priority_reads_distinct_actions_and_confidence():
     sure = Outcome("valid", 0.5, metrics={"confidence": 0.8})
     assert informative_priority([(1, sure), (1, sure), (None, None)]) is None  # one distinct graded action
-    assert informative_priority([(1, sure), (2, sure)]) == pytest.approx(0.2)
-    assert informative_priority([(1, None), (2, Outcome("valid", 0.5))]) == 0.0  # no confidence: neutral
+    assert informative_priority([(1, sure), (2, sure)]) == 0.0  # every informative group alike
+    assert informative_priority([(1, sure), (2, sure)], least_confident=True) == pytest.approx(0.2)
+    assert informative_priority([(1, None), (2, Outcome("valid", 0.5))], least_confident=True) == 0.0  # neutral
 
 
 # -- the wrapper -------------------------------------------------------------------------
 
 
-def test_the_stack_grades_for_real_only_groups_with_distinct_scripts_least_confident_first():
+def test_least_confident_selection_grades_the_unsure_group_unless_it_holds_copies():
     size = 4
-    env = _stack(n_groups=2, size=size, fraction=0.5)
+    env = _stack(n_groups=2, size=size, fraction=0.5, selection="least-confident")
     wm_layer = env.env
     for step in range(6):
         # group 0 (even task, confident) and group 1 (odd task, unsure) both have distinct actions

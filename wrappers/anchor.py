@@ -28,11 +28,12 @@ each new group's first reset.
 
 With ``selection="informative"`` (vector form) a step's groups are decided at their first
 *step* instead, once every member's action is known: the world model previews the actions
-(its predictions are reused by the step, not made twice), groups whose members all wrote
+(its predictions are reused by the step, not made twice), and groups whose members all wrote
 the same script are passed over (their real scores would be equal: nothing for the
-calibration or the denoising weight to learn), and among the others the least confident
-ones are preferred (:func:`~wrappers.parts.scheduling.informative_priority`). Resets of such
-a group report ``anchor=None`` (undecided); its steps report the decision.
+calibration or the denoising weight to learn); the anchors are drawn from the others.
+``selection="least-confident"`` prefers the world model's least confident of those
+(:func:`~wrappers.parts.scheduling.informative_priority`). Resets of such a group leave
+``anchor`` out (undecided); its steps report the decision.
 
 With ``overlap=True`` anchor members are graded by the world model at step time and for
 real in background threads, so their real runs overlap the rest of the training step;
@@ -190,7 +191,7 @@ class _AnchorCore:
     def begin_step(self, group_ids: Iterable[Hashable], priority: Mapping[Hashable, float] | None = None) -> frozenset:
         """Decide a training step's groups at once (informative selection: announce them,
         undecided), then tell the step listeners."""
-        if self.selection == "informative":
+        if self.selection != "random":
             self.scheduler.defer(group_ids)
             anchors: frozenset = frozenset()
         else:
@@ -254,8 +255,10 @@ class _AnchorCore:
         if not groups:
             return
         previewed = preview([i for group in groups.values() for i in group])
+        least_confident = self.selection == "least-confident"
         priority = {
-            g: informative_priority([previewed.get(i, (None, None)) for i in group]) for g, group in groups.items()
+            g: informative_priority([previewed.get(i, (None, None)) for i in group], least_confident=least_confident)
+            for g, group in groups.items()
         }
         anchors = self.scheduler.decide(priority)
         for g, group in groups.items():
@@ -382,7 +385,7 @@ _INFO_DOC = """
     * ``group_id``: the member's group (``"auto-<k>"`` for a reset without one).
     * ``anchor``: True if the group is an anchor group (graded for real, mode ``"both"``);
       left out at the reset of a group whose decision waits for its first step
-      (``selection="informative"``).
+      (``selection="informative"`` / ``"least-confident"``).
     * ``anchor_pairs``: this step's ``[(wm_score, true_score)]`` on anchor groups when both
       are known, else ``[]`` (``wm_score`` is the raw, uncalibrated world-model score).
     * ``anchor_fraction``: realized fraction of anchor groups so far.
@@ -407,7 +410,7 @@ class _AnchorBase:
 
     @property
     def selection(self) -> str:
-        """How anchor groups are chosen: ``"random"`` or ``"informative"`` (see the module docstring)."""
+        """How anchor groups are chosen: one of :data:`~wrappers.parts.scheduling.SELECTIONS`."""
         return self._core.selection
 
     @property
@@ -582,11 +585,11 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper, RecordConstructorArgs):
 
     Args: as :class:`AnchorWrapper`, except ``group_size`` (see above), plus
         selection: ``"random"`` (default; the paper's: groups decided when the trainer
-            announces the step, before any member is sampled) or ``"informative"`` (decided
-            at a group's first step, from the world model's preview of its members' actions:
-            see the module docstring). Informative selection needs a group's members to take
-            their first step together, as :class:`agents.llm.rollout.Rollout` does; the single
-            form cannot see a group at once, so it has only ``"random"``.
+            announces the step, before any member is sampled), ``"informative"`` or
+            ``"least-confident"`` (decided at a group's first step, from the world model's
+            preview of its members' actions: see the module docstring). These need a group's
+            members to take their first step together, as :class:`agents.llm.rollout.Rollout`
+            does; the single form cannot see a group at once, so it has only ``"random"``.
 """
         + _INFO_DOC
         + """
@@ -657,7 +660,7 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper, RecordConstructorArgs):
 
     def step(self, actions: Any):
         stepped = self._steps.stepped()
-        if self._core.selection == "informative":
+        if self._core.selection != "random":
             wm = self._wm_layer
             self._core.decide(np.flatnonzero(stepped).tolist(), lambda slots: wm.preview(actions, slots))
         deferred = self._overlap_requests(stepped, actions)

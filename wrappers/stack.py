@@ -60,9 +60,10 @@ def build_stack(
         anchor_overlap: grade anchor groups for real in the background, overlapping the rest
             of the step (``AnchorWrapper(overlap=True)``; ``wmrl`` only; a single env or a
             ``SyncVectorEnv``).
-        anchor_selection: ``"random"`` (the paper's) or ``"informative"`` (decided after the
-            members' first actions, among groups with distinct scripts, least confident first;
-            ``wmrl`` on a vector env only: see :class:`~wrappers.anchor.VectorAnchorWrapper`).
+        anchor_selection: ``"random"`` (the paper's), ``"informative"`` (decided after the
+            members' first actions, among groups with distinct scripts) or ``"least-confident"``
+            (the same, least confident first); the last two on a vector ``wmrl`` stack only
+            (see :class:`~wrappers.anchor.VectorAnchorWrapper`).
     """
     if kind not in STACKS:
         raise ValueError(f"unknown stack {kind!r}; choose from {STACKS}")

@@ -35,9 +35,11 @@ from wrappers._common import json_key
 
 __all__ = ["AnchorScheduler", "informative_priority", "SELECTIONS"]
 
-#: How anchor groups are chosen: ``random`` (the paper: decided before any member is
-#: sampled) or ``informative`` (after the members' first actions, among groups worth grading).
-SELECTIONS = ("random", "informative")
+#: How anchor groups are chosen: ``random`` (the paper's: decided before any member is
+#: sampled), ``informative`` (after the members' first actions, at random among the groups
+#: with >= 2 distinct scripts) or ``least-confident`` (the same, the world model's least
+#: confident groups first).
+SELECTIONS = ("random", "informative", "least-confident")
 
 _STATE_VERSION = 1
 
@@ -273,24 +275,32 @@ class AnchorScheduler:
         self._plan = [bool(x) for x in state["plan"]]
 
 
-def informative_priority(members: Sequence[tuple[Any, Any]]) -> float | None:
+def informative_priority(members: Sequence[tuple[Any, Any]], *, least_confident: bool = False) -> float | None:
     """A group's priority for informative selection, from its members' ``(graded action,
     raw world-model outcome)``: ``None`` when fewer than two distinct actions are graded
     (every member wrote the same script, so their real scores are equal and the group can
-    neither move the calibration's within-group ranking nor the denoising weight), else the
-    world model's mean uncertainty ``1 - metrics["confidence"]`` over the members that
-    report a confidence (0 when none does: the seeded order decides).
+    neither move the calibration's within-group ranking nor the denoising weight), else 0
+    (every such group alike: the seeded order decides) or, with ``least_confident``, the
+    world model's mean uncertainty ``1 - metrics["confidence"]`` over the members that report
+    a confidence (0 when none does).
+
+    Why not least-confident by default: anchor pairs from where the model is unsure are a
+    biased sample of its score range, and an isotonic map fitted on them extrapolates badly
+    (measured offline: calibrated MAE 0.115 with low-confidence anchors vs 0.084 with random
+    ones; docs/results.md, "Confidence and anchors").
 
     >>> informative_priority([("fit()", None), ("fit()", None)]) is None
     True
     >>> from wmrl_envs.outcome import Outcome
     >>> sure, unsure = (Outcome("valid", 0.8, metrics={"confidence": c}) for c in (0.9, 0.5))
-    >>> round(informative_priority([("a", sure), ("b", unsure)]), 3)
-    0.3
+    >>> informative_priority([("a", sure), ("b", unsure)]), round(informative_priority([("a", sure), ("b", unsure)], least_confident=True), 3)
+    (0.0, 0.3)
     """
     graded = [(action, outcome) for action, outcome in members if action is not None]
     if len({str(action) for action, _ in graded}) < 2:
         return None
+    if not least_confident:
+        return 0.0
     confidences = [
         float(c)
         for _, o in graded
