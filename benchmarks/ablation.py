@@ -102,6 +102,7 @@ from benchmarks.report import machine_summary, markdown_table, write_results
 from wmrl_envs.config_cli import config_to_dict
 from wrappers import AnchorScheduler, CalibrationConfig, Calibrator
 from wrappers.handle import anchors_per_step, corrections_budget
+from wrappers.parts.scheduling import informative_priority
 
 __all__ = [
     "AblationConfig",
@@ -148,6 +149,9 @@ class AblationConfig:
         group_size: members per group (draws from the policy on one task).
         anchor_fraction: target share of anchor groups.
         anchor_min_per_step: floor of anchor groups per step.
+        anchor_selection: ``random`` (the paper's: anchors drawn before the members are
+            sampled) or ``informative`` (after: at random among the groups whose members
+            drew >= 2 distinct solutions; see :class:`~wrappers.VectorAnchorWrapper`).
         steps: training steps of measure (b) (the score is read after the last one).
         learning_rate: Adam step size of the softmax policy's logits.
         gradient_states: policies of measure (a): after this many real-execution GRPO steps.
@@ -176,6 +180,7 @@ class AblationConfig:
     group_size: int = 4
     anchor_fraction: float = 0.10
     anchor_min_per_step: int = 1
+    anchor_selection: str = "random"
     steps: int = 600
     learning_rate: float = 0.01
     gradient_states: tuple[int, ...] = (0, 100)
@@ -213,6 +218,8 @@ class AblationConfig:
             if getattr(self, name) not in ("train", "test"):
                 raise ValueError(f"{name} must be 'train' or 'test', got {getattr(self, name)!r}")
         CalibrationConfig(weighter_start=self.weighter_start)  # validates it
+        if self.anchor_selection not in ("random", "informative"):
+            raise ValueError(f"anchor_selection must be 'random' or 'informative', got {self.anchor_selection!r}")
         if not (self.oracle_bias in ("identity", "quadratic") or self.oracle_bias.startswith("power:")):
             raise ValueError(f"oracle_bias must be 'identity', 'quadratic' or 'power:<k>', got {self.oracle_bias!r}")
 
@@ -428,7 +435,11 @@ def _draw(
     anchors: frozenset = frozenset()
     if scheduler is not None:
         gids = list(range(config.groups_per_step))
-        anchors = scheduler.begin_step(gids)
+        if config.anchor_selection == "informative":  # decided after the draws, as the vector anchor layer does
+            scheduler.defer(gids)
+            anchors = scheduler.decide({g: informative_priority([(int(i), None) for i in picks[g]]) for g in gids})
+        else:
+            anchors = scheduler.begin_step(gids)
         for g in gids:
             scheduler.release(g)
     return _Batch(chosen, picks, true, wm, anchors)
@@ -549,9 +560,13 @@ def train_variant(
     scheduler = AnchorScheduler(config.anchor_fraction, config.anchor_min_per_step, seed=seed) if anchors else None
     arm = _Arm(variant, config)
     curve = [(0, policy.expected_score(evaluate), policy.expected_score(train))]
+    anchor_groups = informative_groups = 0
     for step in range(config.steps):
         arm.begin_step(step)
         batch = _draw(policy, train, scorer if variant != "real" else None, scheduler, config, rng)
+        for g in batch.anchors:
+            anchor_groups += 1
+            informative_groups += _spread(batch.true[g]) and _spread(batch.wm[g])
         loss = _loss(policy, train, batch, arm.advantages(batch, normalisation))
         if loss is not None:
             optimizer.zero_grad()
@@ -565,9 +580,16 @@ def train_variant(
         "train_score": curve[-1][2],
         "final_weight": arm.weight,
         "fitted_at_step": arm.fitted_at,
+        "informative_anchor_share": informative_groups / anchor_groups if anchor_groups else None,
         "curve": curve,
         "theta": policy.theta.detach().numpy().copy(),
     }
+
+
+def _spread(scores: Sequence[float | None]) -> bool:
+    """Whether a group's known scores differ (what an anchor group needs to teach anything)."""
+    known = [x for x in scores if x is not None]
+    return len(known) >= 2 and max(known) - min(known) > 1e-9
 
 
 # ------------------------------------------------------------------ measure (a): gradient error
@@ -655,7 +677,7 @@ def gradient_error(
 
 # ------------------------------------------------------------------ the experiment
 _GRAD_METRICS = ("grad_err", "grad_dir_bias", "grad_bias2", "grad_mse", "grad_cos", "weight_at_measure")
-METRICS = (*_GRAD_METRICS, "heldout_score", "train_score", "final_weight", "fitted_at_step")
+METRICS = (*_GRAD_METRICS, "heldout_score", "train_score", "final_weight", "fitted_at_step", "informative_anchor_share")
 
 
 def run(config: AblationConfig, run_dir: Path, *, progress: bool = True) -> dict[str, Any]:
@@ -705,6 +727,7 @@ def run(config: AblationConfig, run_dir: Path, *, progress: bool = True) -> dict
                         "grad_by_state": g,
                         "heldout_score": result["heldout_score"], "train_score": result["train_score"],
                         "final_weight": result["final_weight"], "fitted_at_step": result["fitted_at_step"],
+                        "informative_anchor_share": result["informative_anchor_share"],
                     })  # fmt: skip
                 bar.update()
     bar.close()
@@ -779,6 +802,7 @@ def tables(result: Mapping[str, Any]) -> str:
                 "grad rel. bias² (trainer scale)": _pm(r, "grad_bias2", 4),
                 f"train-task score @{cfg['steps']}": _pm(r, "train_score"), f"held-out score @{cfg['steps']}": _pm(r, "heldout_score"),
                 "final weight": _pm(r, "final_weight", 2), "map fitted at step": _pm(r, "fitted_at_step", 0),
+                "informative anchor groups": _pm(r, "informative_anchor_share", 2),
             }
             for r in result["summary"] if r["normalisation"] == norm
         ]  # fmt: skip
@@ -788,7 +812,8 @@ def tables(result: Mapping[str, Any]) -> str:
         f"Setting: {result['setting']}. Policy trained on {len(result['train_tasks'])} {cfg['train_split']}-split tasks, "
         f"scored on {len(result['eval_tasks'])} {cfg['eval_split']}-split tasks ({cfg['tier']} tier); {result['vocabulary']} shared logits. "
         f"{cfg['steps']} steps x {cfg['groups_per_step']} groups x {cfg['group_size']} members, Adam lr {cfg['learning_rate']}, "
-        f"anchor fraction {cfg['anchor_fraction']} (floor {cfg['anchor_min_per_step']}/step), calibration start "
+        f"anchor fraction {cfg['anchor_fraction']} (floor {cfg['anchor_min_per_step']}/step, "
+        f"{cfg.get('anchor_selection', 'random')} selection), calibration start "
         f"{cfg['calibration_start_pairs']} pairs, refit every {cfg['calibration_refit_every']}, weight scale frozen after "
         f"{cfg['calibration_freeze_after']} groups ({cfg['weighter_start']}); noisy oracle: {cfg['oracle_bias']} bias, sigma "
         f"{cfg['oracle_sigma']}. Gradient error: policies after {list(cfg['gradient_states'])} real-execution steps, "

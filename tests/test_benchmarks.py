@@ -439,3 +439,28 @@ def test_config_files_and_flags(tmp_path):
     ablation_only = tmp_path / "a.toml"
     ablation_only.write_text("oracle_sigma = 0.3\n")
     assert main(["speedup", "--config", str(ablation_only)]) == 2  # an ablation knob is not a speedup knob
+
+
+def test_ablation_informative_selection_passes_over_groups_of_copies():
+    """With a policy that mostly draws one solution, most groups are copies: random anchors
+    land on them, informative ones never do, at the same realized share."""
+    import numpy as np
+
+    from benchmarks.ablation import AnchorScheduler, SoftmaxPolicy, _draw, load_tasks
+
+    shares = {}
+    for selection in ("random", "informative"):
+        config = _small(anchor_selection=selection, anchor_min_per_step=0)
+        train, _ = load_tasks(config)
+        policy = SoftmaxPolicy(len(train.vocabulary))
+        policy.theta.data[0] = 3.0  # one template dominates wherever it exists
+        scheduler = AnchorScheduler(0.2, 0, seed=4)
+        rng = np.random.default_rng(8)
+        copies = picked = 0
+        for _ in range(150):
+            batch = _draw(policy, train, None, scheduler, config, rng)
+            picked += len(batch.anchors)
+            copies += sum(len(set(batch.picks[g].tolist())) < 2 for g in batch.anchors)
+        shares[selection] = (copies, picked, scheduler.realized_fraction)
+    assert shares["random"][0] > 0 and shares["informative"][0] == 0
+    assert shares["informative"][2] == pytest.approx(0.2, abs=0.02)
