@@ -159,6 +159,8 @@ class AblationConfig:
         gradient_batches: measured batches of measure (a), per policy state.
         reference_batches: real-execution batches estimating the population gradient.
         calibration_start_pairs: pairs before the first isotonic fit (paper: 200).
+        calibration_start_rule: ``count`` (paper: fit at ``calibration_start_pairs``) or ``cv``
+            (fit once the map's cross-validated error beats the identity's; see CalibrationConfig).
         calibration_refit_every: refit after this many new pairs (paper: 64).
         calibration_half_life: EMA half-life of the disagreement (paper: 64).
         calibration_freeze_after: anchor groups observed before the weight's scale freezes (paper: 32).
@@ -188,6 +190,7 @@ class AblationConfig:
     gradient_batches: int = 400
     reference_batches: int = 4000
     calibration_start_pairs: int = 200
+    calibration_start_rule: str = "count"
     calibration_refit_every: int = 64
     calibration_half_life: float = 64.0
     calibration_freeze_after: int = 32
@@ -217,7 +220,7 @@ class AblationConfig:
         for name in ("train_split", "eval_split"):
             if getattr(self, name) not in ("train", "test"):
                 raise ValueError(f"{name} must be 'train' or 'test', got {getattr(self, name)!r}")
-        CalibrationConfig(weighter_start=self.weighter_start)  # validates it
+        CalibrationConfig(weighter_start=self.weighter_start, start_rule=self.calibration_start_rule)  # validates them
         if self.anchor_selection not in ("random", "informative"):
             raise ValueError(f"anchor_selection must be 'random' or 'informative', got {self.anchor_selection!r}")
         if not (self.oracle_bias in ("identity", "quadratic") or self.oracle_bias.startswith("power:")):
@@ -246,7 +249,7 @@ class AblationConfig:
             start_pairs=self.calibration_start_pairs, refit_every=self.calibration_refit_every,
             max_pairs=max(5000, self.calibration_start_pairs), half_life=self.calibration_half_life,
             freeze_after=self.calibration_freeze_after, weighter_start=self.weighter_start,
-            debias=debias, denoise=denoise,
+            start_rule=self.calibration_start_rule, debias=debias, denoise=denoise,
         )  # fmt: skip
 
 
@@ -814,7 +817,7 @@ def tables(result: Mapping[str, Any]) -> str:
         f"{cfg['steps']} steps x {cfg['groups_per_step']} groups x {cfg['group_size']} members, Adam lr {cfg['learning_rate']}, "
         f"anchor fraction {cfg['anchor_fraction']} (floor {cfg['anchor_min_per_step']}/step, "
         f"{cfg.get('anchor_selection', 'random')} selection), calibration start "
-        f"{cfg['calibration_start_pairs']} pairs, refit every {cfg['calibration_refit_every']}, weight scale frozen after "
+        f"{cfg['calibration_start_pairs']} pairs ({cfg.get('calibration_start_rule', 'count')} rule), refit every {cfg['calibration_refit_every']}, weight scale frozen after "
         f"{cfg['calibration_freeze_after']} groups ({cfg['weighter_start']}); noisy oracle: {cfg['oracle_bias']} bias, sigma "
         f"{cfg['oracle_sigma']}. Gradient error: policies after {list(cfg['gradient_states'])} real-execution steps, "
         f"{cfg['gradient_warmup']} warm-up + {cfg['gradient_batches']} measured batches each, reference from "

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from agents.grpo.loop import GUARD_ACTIONS
 from agents.llm.loading import load_policy, load_world_model, warm_start_plans
 from benchmarks.common import cpu_clock, new_figure, save_figure, summarize_seeds
 from benchmarks.report import machine_summary, markdown_table, write_json, write_results
@@ -142,11 +143,14 @@ class SpeedupConfig:
             with >= 2 distinct scripts) or ``least-confident`` (the same, the world model's
             least confident first): see :class:`~wrappers.VectorAnchorWrapper`.
         calibration_start_pairs: anchor pairs before the first isotonic fit (paper: 200).
+        calibration_start_rule: ``count`` (the paper's) or ``cv`` (see CalibrationConfig).
         calibration_refit_every: refit the map after this many new pairs (paper: 64).
         calibration_half_life: EMA half-life of the disagreement, in anchor groups (paper: 64).
         calibration_freeze_after: anchor groups before the weight's scale freezes (paper: 32).
-        monitor_max_gap: threshold of the exploitation monitor's smoothed gap (none = watch only).
-        monitor_action: ``raise`` (double the anchor fraction) or ``stop`` when the gap exceeds it.
+        monitor_max_gap: threshold of the exploitation monitor's smoothed gap (none = watch only: the
+            arms run without the training loop's default guard, so they are the paper's recipe).
+        monitor_action: ``raise`` (double the anchor fraction), ``stop`` or ``escalate`` (raise, then
+            stop at the guard's maximum fraction) when the gap exceeds it.
         train_tasks: training task ids (none = the tier's train split).
         eval_tasks: held-out task ids (none = the tier's test split).
         eval_max_tasks: use only the first N held-out tasks (none = all).
@@ -181,6 +185,7 @@ class SpeedupConfig:
     anchor_min_per_step: int = 0
     anchor_selection: str = "random"
     calibration_start_pairs: int = 16
+    calibration_start_rule: str = "count"
     calibration_refit_every: int = 16
     calibration_half_life: float = 8.0
     calibration_freeze_after: int = 4
@@ -225,15 +230,17 @@ class SpeedupConfig:
         if self.vectorization not in ("sync", "async"):
             # Ray workers' CPU is not this process's or its children's: the budget could not see it.
             raise ValueError(f"vectorization must be 'sync' or 'async', got {self.vectorization!r}")
+        self.calibration()  # validates the calibration settings
         if self.anchor_selection not in SELECTIONS:
             raise ValueError(f"anchor_selection must be one of {SELECTIONS}, got {self.anchor_selection!r}")
-        if self.monitor_action not in ("raise", "stop"):
-            raise ValueError(f"monitor_action must be 'raise' or 'stop', got {self.monitor_action!r}")
+        if self.monitor_action not in GUARD_ACTIONS:
+            raise ValueError(f"monitor_action must be one of {GUARD_ACTIONS}, got {self.monitor_action!r}")
 
     def calibration(self) -> CalibrationConfig:
         """The ``CalibrationWrapper`` settings of the WMRL arm."""
         return CalibrationConfig(
             start_pairs=self.calibration_start_pairs,
+            start_rule=self.calibration_start_rule,
             refit_every=self.calibration_refit_every,
             max_pairs=max(5000, self.calibration_start_pairs),
             half_life=self.calibration_half_life,
@@ -487,6 +494,8 @@ def _one_arm(
         groups_per_step=groups, group_size=config.group_size, total_steps=config.max_steps,
         max_new_tokens=config.max_new_tokens, temperature=config.temperature, learning_rate=config.learning_rate,
         micro_batch_size=config.micro_batch_size, seed=seed, progress=False, tensorboard=False,
+        # the arms run the paper's recipe: a guard that changes the anchor share only when asked for
+        exploitation_guard=False,
     )  # fmt: skip
     try:
         history = train(LLMAgent(policy, stack, scaffold, grpo, tasks=train_tasks), callbacks=callbacks).history

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from wrapper_toys import SyntheticWorldModel, ToySeamEnv, paper_bias, toy_true_score, training_steps
 
-from wrappers import AnchorWrapper, CalibrationWrapper, OnlineDebiaser, WorldModelWrapper
+from wrappers import AnchorWrapper, CalibrationConfig, CalibrationWrapper, OnlineDebiaser, WorldModelWrapper
 
 
 def synthetic_pairs(rng: np.random.Generator, n: int, noise: float, bias=paper_bias) -> tuple[np.ndarray, np.ndarray]:
@@ -176,3 +176,48 @@ def test_deferred_refit_waits_for_refit_if_due():
     assert d.refit_if_due() is True and d.fitted and not d.due and d.refit_if_due() is False
     d.add(list(zip(wm[6:], r[6:])), refit=False)
     assert d.due and d.n_fits == 1
+
+
+# -- the data-driven start (start_rule="cv") ------------------------------------------------
+
+
+def _stream(true_of, n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    wm = rng.random(n)
+    return [(float(w), float(np.clip(true_of(w) + rng.normal(0, 0.05), 0, 1))) for w in wm]
+
+
+def test_cv_start_fits_a_biased_world_model_early_and_a_calibrated_one_never():
+    biased = OnlineDebiaser(start_pairs=16, refit_every=16, start_rule="cv")
+    fitted_at = None
+    for k, pair in enumerate(_stream(lambda w: w**3, 200), start=1):
+        biased.add([pair])
+        if biased.fitted and fitted_at is None:
+            fitted_at = k
+    assert fitted_at is not None and fitted_at <= 40  # the paper's count rule would wait for 200
+    assert biased.last_cv["gain"] > biased.last_cv["gain_se"] > 0
+    calibrated = OnlineDebiaser(start_pairs=16, refit_every=16, start_rule="cv")
+    for pair in _stream(lambda w: w, 300, seed=1):
+        calibrated.add([pair])
+    assert not calibrated.fitted  # raw scores already right: no map to gain from
+    assert calibrated.last_cv is not None and calibrated.last_cv["pairs"] == 300
+    count = OnlineDebiaser(start_pairs=200, refit_every=16)
+    count.add(_stream(lambda w: w**3, 199))
+    assert not count.fitted and count.last_cv is None  # the count rule never cross-validates
+
+
+def test_cv_start_state_round_trips_and_count_states_of_before_still_load():
+    d = OnlineDebiaser(start_pairs=16, refit_every=8, start_rule="cv")
+    d.add(_stream(lambda w: w, 20))
+    assert not d.fitted and d.last_cv is not None
+    again = OnlineDebiaser(start_pairs=16, refit_every=8, start_rule="cv")
+    again.load_state_dict(json.loads(json.dumps(d.state_dict())))
+    assert again.last_cv == d.last_cv and again.pairs == d.pairs
+    with pytest.raises(ValueError, match="config mismatch"):
+        OnlineDebiaser(start_pairs=16, refit_every=8).load_state_dict(d.state_dict())
+    old = OnlineDebiaser(start_pairs=16, refit_every=8).state_dict()
+    for key in ("last_cv", "checked_at"):  # a state saved before the cv rule existed
+        del old[key]
+    OnlineDebiaser(start_pairs=16, refit_every=8).load_state_dict(old)
+    with pytest.raises(ValueError, match="start_rule"):
+        CalibrationConfig(start_rule="soon")

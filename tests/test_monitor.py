@@ -5,7 +5,7 @@ import pytest
 
 import wmrl_envs  # noqa: F401  (registers the env ids)
 from wmrl_envs.world_models import CodeOutcomeModel
-from wrappers import build_stack
+from wrappers import StackHandle, build_stack
 from wrappers.parts.monitor import anchor_group_stats
 
 pytest.importorskip("torch")
@@ -87,3 +87,71 @@ def test_guard_needs_an_anchor_layer_and_a_threshold(stack):
         ExploitationGuard(stack, max_grader_failure_rate=None)
     with pytest.raises(ValueError, match="action must be"):
         ExploitationGuard(stack, max_gap=0.1, action="panic")
+
+
+def test_escalating_guard_raises_then_stops_and_waits_for_min_steps(stack, capsys):
+    guard = ExploitationGuard(stack, max_gap=0.2, action="escalate", max_fraction=0.2, window=2, min_steps=2)
+    assert guard(1, {"monitor/gap": 0.9}) is False and guard.handle.anchor_fraction == pytest.approx(0.1)  # one step
+    assert guard(2, {"monitor/gap": 0.9}) is False and guard.handle.anchor_fraction == pytest.approx(0.2)
+    assert guard(3, {"monitor/gap": 0.9}) is False  # a fresh window after the raise: one step again
+    assert guard(4, {"monitor/gap": 0.9}) is True  # at the maximum share and still over: stop
+    assert [e["action"] for e in guard.events] == ["raise", "stop"]
+    with pytest.raises(ValueError, match="min_steps"):
+        ExploitationGuard(stack, max_gap=0.1, window=2, min_steps=3)
+
+
+class _GapAgent:
+    """A GRPO agent whose every step is one anchor group the world model overrates by 0.6."""
+
+    def __init__(self, env, config):
+        self.env, self.config = env, config
+
+    def parameters(self):
+        import torch
+
+        return [torch.nn.Parameter(torch.zeros(1))]
+
+    def select(self, step, rng):
+        return [(f"s{step}", None)]
+
+    def collect(self, groups, rng):
+        from types import SimpleNamespace
+
+        gid = groups[0][0]
+        result = {"group_id": gid, "anchor": True, "calibrated": [0.9, 0.8], "true": [0.3, 0.2]}
+        return [
+            SimpleNamespace(group_id=gid, reward=r, source="env", anchor=True, graded_steps=1,
+                            final_info={"group_result": result})
+            for r in (0.3, 0.2)
+        ], {}  # fmt: skip
+
+    def update(self, episodes, advantages, optimizer, rng):
+        return {}
+
+    def step_metrics(self, episodes):
+        return {}
+
+    def save_policy(self, directory):
+        pass
+
+    def load_policy(self, directory):
+        pass
+
+
+@pytest.mark.filterwarnings("ignore::agents.grpo.diagnostics.CorrectionsIdleWarning")  # the map is not the point
+def test_train_guards_a_wmrl_stack_by_default():
+    from wrapper_toys import SyntheticWorldModel, ToySeamEnv
+
+    from agents.grpo import DEFAULT_GUARD, GRPOLoopConfig, train
+
+    env = build_stack(ToySeamEnv(), "wmrl", SyntheticWorldModel(), anchor_fraction=0.1)
+    config = GRPOLoopConfig(total_steps=100, progress=False, tensorboard=False, groups_per_step=1, group_size=2)
+    result = train(_GapAgent(env, config))
+    window = DEFAULT_GUARD["min_steps"]
+    # 0.1 -> 0.2 -> 0.4 -> 0.5 (each after a fresh window), then stopped at the maximum
+    assert result.last_step == 4 * window and StackHandle(env).anchor_fraction == pytest.approx(0.5)
+    assert len(result.warnings) == 4 and "stop" in result.warnings[-1] and "exceed real scores" in result.warnings[-1]
+    env = build_stack(ToySeamEnv(), "wmrl", SyntheticWorldModel(), anchor_fraction=0.1)
+    off = GRPOLoopConfig(total_steps=3 * window, progress=False, tensorboard=False, groups_per_step=1, group_size=2,
+                         exploitation_guard=False)  # fmt: skip
+    assert train(_GapAgent(env, off)).last_step == 3 * window and StackHandle(env).anchor_fraction == 0.1

@@ -53,7 +53,7 @@ from gymnasium.vector import VectorEnv, VectorWrapper
 from wrappers._common import VectorSteps, find_layer, known_info, put_info, require_layer, sub_info
 from wrappers._record import record_constructor_args
 from wrappers.anchor import AnchorWrapper, VectorAnchorWrapper, _AnchorBase, _AnchorCore
-from wrappers.parts.debiasing import OnlineDebiaser
+from wrappers.parts.debiasing import START_RULES, OnlineDebiaser
 from wrappers.parts.denoising import InverseVarianceWeighter
 from wrappers.world_model import VectorWorldModelWrapper, WorldModelWrapper, _WorldModelBase
 
@@ -77,7 +77,13 @@ class CalibrationConfig:
     """Settings of the two corrections (defaults from the paper).
 
     Attributes:
-        start_pairs: anchor pairs before the first isotonic fit (identity map until then).
+        start_pairs: anchor pairs before the first isotonic fit (identity map until then);
+            with ``start_rule="cv"``, the fewest pairs at which the data may start it.
+        start_rule: ``"count"`` (default, the paper's: the first fit at ``start_pairs``) or
+            ``"cv"`` (the first fit once the map's cross-validated error on the pairs so far
+            beats the identity's by more than a standard error; see
+            :mod:`wrappers.parts.debiasing`): calibration then engages at the budget where
+            the data supports it, e.g. ``CalibrationConfig(start_pairs=16, start_rule="cv")``.
         refit_every: refit the map after this many new pairs.
         max_pairs: FIFO cap on the pairs the map is fitted on.
         half_life: EMA half-life of the disagreement, in observed anchor groups.
@@ -110,13 +116,16 @@ class CalibrationConfig:
     debias: bool = True
     denoise: bool = True
     weighter_start: str = "after-fit"
+    start_rule: str = "count"
 
     def __post_init__(self) -> None:
         if self.weighter_start not in WEIGHTER_STARTS:
             raise ValueError(f"weighter_start must be one of {WEIGHTER_STARTS}, got {self.weighter_start!r}")
+        if self.start_rule not in START_RULES:
+            raise ValueError(f"start_rule must be one of {START_RULES}, got {self.start_rule!r}")
 
     def debiaser(self) -> OnlineDebiaser:
-        return OnlineDebiaser(self.start_pairs, self.refit_every, self.max_pairs)
+        return OnlineDebiaser(self.start_pairs, self.refit_every, self.max_pairs, self.start_rule)
 
     def weighter(self) -> InverseVarianceWeighter:
         return InverseVarianceWeighter(self.half_life, self.freeze_after, self.weight_at_freeze, self.max_weight)
@@ -209,6 +218,7 @@ class Calibrator:
             "anchor_weight": self.weighter.weight,
             "calibrated": self.debiaser.fitted,
             "anchor_pairs_total": self.debiaser.n_seen,
+            "calibration_cv": self.debiaser.last_cv,  # the cv start rule's last look (None: none yet)
         }
 
     def step(self, info: Mapping[str, Any]) -> dict[str, Any]:
@@ -253,6 +263,9 @@ _INFO_DOC = """
       calibration); the trainer multiplies anchor groups' advantages by it.
     * ``calibrated``: True once the isotonic map has been fitted.
     * ``anchor_pairs_total``: anchor pairs received so far.
+    * ``calibration_cv``: with ``start_rule="cv"``, its last cross-validation
+      (:func:`~wrappers.parts.debiasing.cross_validated_gain`; once the map is fitted, the
+      one that started it); left out until there is one.
 
     The map itself shows in the world-model wrapper's ``calibrated_score`` (and in the reward).
 """

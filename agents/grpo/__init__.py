@@ -13,6 +13,7 @@ Agents: :class:`agents.llm.trainer.LLMAgent`, :class:`agents.vla.trainer.VLAAgen
 
 from agents.grpo.diagnostics import CorrectionsIdleWarning, NoLearningSignalWarning, SignalWatch
 from agents.grpo.loop import (
+    DEFAULT_GUARD,
     Callback,
     Episode,
     ExploitationGuard,
@@ -42,6 +43,7 @@ __all__ = [
     "TrainResult",
     "Callback",
     "ExploitationGuard",
+    "DEFAULT_GUARD",
     "train",
     "step_metrics",
     "save_checkpoint",

@@ -49,6 +49,8 @@ __all__ = [
     "TrainResult",
     "Callback",
     "ExploitationGuard",
+    "DEFAULT_GUARD",
+    "GUARD_ACTIONS",
     "train",
     "step_metrics",
     "save_checkpoint",
@@ -57,6 +59,17 @@ __all__ = [
 
 #: Called after every step with ``(step, metrics)``; returning ``True`` stops training.
 Callback = Callable[[int, dict[str, Any]], "bool | None"]
+
+#: What an :class:`ExploitationGuard` does on a breach.
+GUARD_ACTIONS = ("raise", "stop", "escalate")
+
+#: The guard :func:`train` adds on a stack with anchor groups (``GRPOLoopConfig.exploitation_guard``):
+#: calibrated-minus-real gap over 0.15, smoothed over the last 8 anchored steps once there are
+#: 8, or a quarter of anchor members with unknown real outcomes -> double the anchor share (up
+#: to 0.5), then stop. Measured on the small-tier rich-grammar protocol's WMRL arm (seed 0, 439
+#: anchored steps, docs/results/speedup-protocol-small-rich): the 8-step smoothed gap peaked at
+#: 0.078 (99th percentile 0.056), so a run like it never triggers it.
+DEFAULT_GUARD: dict[str, Any] = {"max_gap": 0.15, "window": 8, "min_steps": 8, "action": "escalate"}
 
 
 @dataclass
@@ -94,6 +107,10 @@ class GRPOLoopConfig:
         progress: show a tqdm bar. Default True.
         no_signal_patience: warn (``NoLearningSignalWarning``) after this many steps in a row
             in which no group had members with different rewards (0 = never). Default 3.
+        exploitation_guard: on a stack with anchor groups, watch for exploitation of the
+            world model with :data:`DEFAULT_GUARD` (raise the anchor share, then stop with a
+            message) unless an :class:`ExploitationGuard` is among the callbacks already.
+            Default True.
     """
 
     groups_per_step: int = 4
@@ -116,6 +133,7 @@ class GRPOLoopConfig:
     tensorboard: bool = True
     progress: bool = True
     no_signal_patience: int = 3
+    exploitation_guard: bool = True
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -197,7 +215,8 @@ class TrainResult:
         last_step: the step reached (the resumed step when nothing ran).
         start_step: the step this call started from (> 0 when it resumed).
         steps_without_signal: steps of this call in which no group carried a learning signal.
-        warnings: the texts of the warnings this call emitted (no signal, idle corrections).
+        warnings: the texts of the warnings this call emitted (no signal, idle corrections) and
+            what the default exploitation guard did (raised the anchor share, stopped).
     """
 
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -254,9 +273,15 @@ class ExploitationGuard:
     (``monitor/grader_failure_rate``: the grader failed on them, so the gap cannot see them)
     exceeds ``max_grader_failure_rate`` (default 0.25: one in four),
     ``action="raise"`` multiplies the stack's anchor fraction by ``factor`` (up to
-    ``max_fraction``; more real outcomes to calibrate on) and ``action="stop"`` ends
-    training with a message naming what crossed which threshold. Every breach is recorded
-    in :attr:`events` (and printed).
+    ``max_fraction``; more real outcomes to calibrate on), ``action="stop"`` ends
+    training with a message naming what crossed which threshold, and ``action="escalate"``
+    raises while it can and stops once the fraction is at ``max_fraction`` and the breach
+    persists. A breach counts only once a metric has ``min_steps`` anchored steps in its
+    window (1 by default: the first anchored step decides; more keeps one noisy group from
+    acting). Every breach is recorded in :attr:`events` (and printed).
+
+    :func:`train` adds one by default on a stack with anchor groups (see
+    :data:`DEFAULT_GUARD` and ``GRPOLoopConfig.exploitation_guard``).
 
     Example::
 
@@ -275,9 +300,12 @@ class ExploitationGuard:
         factor: float = 2.0,
         max_fraction: float = 0.5,
         window: int = 4,
+        min_steps: int = 1,
     ) -> None:
-        if action not in ("raise", "stop"):
-            raise ValueError(f"action must be 'raise' or 'stop', got {action!r}")
+        if action not in GUARD_ACTIONS:
+            raise ValueError(f"action must be one of {GUARD_ACTIONS}, got {action!r}")
+        if not 1 <= min_steps <= window:
+            raise ValueError(f"min_steps must be in [1, window={window}], got {min_steps!r}")
         if max_gap is None and min_rank_agreement is None and max_grader_failure_rate is None:
             raise ValueError("ExploitationGuard needs max_gap, min_rank_agreement and/or max_grader_failure_rate")
         self.handle = StackHandle(env)
@@ -290,6 +318,7 @@ class ExploitationGuard:
         self.factor = factor
         self.max_fraction = max_fraction
         self.window = window
+        self.min_steps = min_steps
         self._seen: dict[str, list[float]] = {"gap": [], "rank_agreement": [], "grader_failure_rate": []}
         self.events: list[dict[str, Any]] = []
 
@@ -297,7 +326,7 @@ class ExploitationGuard:
         for key, seen in self._seen.items():
             if metrics.get(f"monitor/{key}") is not None:
                 self._seen[key] = (seen + [float(metrics[f"monitor/{key}"])])[-self.window :]
-        return {key: float(np.mean(seen)) if seen else None for key, seen in self._seen.items()}
+        return {key: float(np.mean(seen)) if len(seen) >= self.min_steps else None for key, seen in self._seen.items()}
 
     def _breach(self, now: dict[str, float | None]) -> str | None:
         gap, rank, failures = now["gap"], now["rank_agreement"], now["grader_failure_rate"]
@@ -320,7 +349,8 @@ class ExploitationGuard:
         breach = self._breach(self._smoothed(metrics))
         if breach is None:
             return False
-        if self.action == "stop":
+        at_most = (self.handle.anchor_fraction or 0.0) >= self.max_fraction
+        if self.action == "stop" or (self.action == "escalate" and at_most):
             self.events.append({"step": step, "action": "stop", "reason": breach})
             print(f"step {step}: stopping: {breach}; the policy may be exploiting the world model", flush=True)
             return True
@@ -484,6 +514,13 @@ def train(
     if idle is not None:
         result.warnings.append(idle)
         warnings.warn(idle, CorrectionsIdleWarning, stacklevel=2)
+    callbacks = list(callbacks)
+    # a local anchor layer (a remote stack's fraction is the server's to set)
+    guarded = any(isinstance(c, ExploitationGuard) for c in callbacks)
+    default_guard = None
+    if config.exploitation_guard and handle.anchor_fraction is not None and not guarded:
+        default_guard = ExploitationGuard(agent.env, **DEFAULT_GUARD)
+        callbacks.insert(0, default_guard)
     logger = _Logger(out_dir, config.tensorboard)
     steps = range(start_step, config.total_steps)
     bar = tqdm(steps, initial=start_step, total=config.total_steps, desc="GRPO", disable=not config.progress)
@@ -556,6 +593,10 @@ def train(
     finally:
         bar.close()
         logger.close()
+        if default_guard is not None:  # what the guard nobody asked for did, where the caller will look
+            result.warnings += [
+                f"exploitation guard, step {e['step']}: {e['action']}: {e['reason']}" for e in default_guard.events
+            ]
     return result
 
 

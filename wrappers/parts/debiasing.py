@@ -8,6 +8,15 @@ fitted map is stored as its breakpoints and applied by linear interpolation with
 ends, which is exactly what ``IsotonicRegression.predict`` computes; this keeps the
 state JSON-serialisable and the map bit-identical after a resume.
 
+**When to start.** ``start_rule="count"`` (the paper's) fits first at ``start_pairs`` pairs.
+``start_rule="cv"`` lets the data decide: from ``start_pairs`` pairs on (a floor, e.g. 16),
+each time new pairs have arrived it cross-validates the map on the pairs so far (5
+contiguous folds in arrival order, so a group's members stay together and later pairs are
+predicted from earlier ones as well as the reverse) and fits once the map's held-out
+absolute error beats the identity's by more than one standard error of the paired
+difference. A world model whose raw scores are already right never gets a map it does not
+need; a biased one gets it as soon as the evidence says so, whatever the budget.
+
 A map needs at least two distinct world-model scores: fitted on pairs that all share one
 ``wm_score``, an isotonic regression is a constant (every score would be mapped to the mean
 true score, erasing all ranking). Such a fit is refused and the current map (the identity
@@ -31,7 +40,13 @@ from typing import Any
 import numpy as np
 from sklearn.isotonic import IsotonicRegression
 
-__all__ = ["OnlineDebiaser"]
+__all__ = ["OnlineDebiaser", "START_RULES", "cross_validated_gain"]
+
+#: When the first isotonic fit happens (see the module docstring).
+START_RULES = ("count", "cv")
+
+#: Folds of the ``cv`` start rule.
+_CV_FOLDS = 5
 
 _STATE_VERSION = 1
 
@@ -40,9 +55,11 @@ class OnlineDebiaser:
     """Isotonic calibration of world-model scores, refitted as anchor pairs arrive.
 
     Args:
-        start_pairs: pairs needed before the first fit (identity until then).
+        start_pairs: pairs needed before the first fit (identity until then); with
+            ``start_rule="cv"`` the fewest pairs the first cross-validation looks at.
         refit_every: refit after this many new pairs since the last fit.
         max_pairs: FIFO cap on the pairs kept.
+        start_rule: ``"count"`` or ``"cv"`` (see the module docstring).
 
     Pairs with a ``None`` on either side are unknown and are skipped (counted in
     :attr:`n_skipped`).
@@ -56,12 +73,21 @@ class OnlineDebiaser:
     [0.5, 1.0]
     """
 
-    def __init__(self, start_pairs: int = 200, refit_every: int = 64, max_pairs: int = 5000) -> None:
+    def __init__(
+        self, start_pairs: int = 200, refit_every: int = 64, max_pairs: int = 5000, start_rule: str = "count"
+    ) -> None:
         for name, value in (("start_pairs", start_pairs), ("refit_every", refit_every), ("max_pairs", max_pairs)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if max_pairs < start_pairs:
             raise ValueError(f"max_pairs ({max_pairs}) must be >= start_pairs ({start_pairs})")
+        if start_rule not in START_RULES:
+            raise ValueError(f"start_rule must be one of {START_RULES}, got {start_rule!r}")
+        self.start_rule = start_rule
+        #: The last cross-validation of the ``cv`` start rule (``None`` before one): pairs,
+        #: identity and map held-out MAE, their paired difference and its standard error.
+        self.last_cv: dict[str, float] | None = None
+        self._checked_at = -1  # n_seen at the last cross-validation
         self.start_pairs = start_pairs
         self.refit_every = refit_every
         self.max_pairs = max_pairs
@@ -89,7 +115,14 @@ class OnlineDebiaser:
         ``refit_every`` new pairs since the last one."""
         if self.fitted:
             return self._since_fit >= self.refit_every
-        return len(self._pairs) >= self.start_pairs
+        if len(self._pairs) < self.start_pairs:
+            return False
+        if self.start_rule == "count":
+            return True
+        if self._checked_at != self.n_seen:  # new evidence since the last look
+            self._checked_at = self.n_seen
+            self.last_cv = cross_validated_gain(self.pairs)
+        return self.last_cv is not None and self.last_cv["gain"] > self.last_cv["gain_se"]
 
     def add(self, pairs: Iterable[Sequence[float | None]], *, refit: bool = True) -> bool:
         """Add ``(wm_score, true_score)`` pairs. With ``refit=True`` (default) refit when due;
@@ -148,13 +181,21 @@ class OnlineDebiaser:
         """JSON-serialisable state: config, kept pairs, counters and the fitted map."""
         return {
             "version": _STATE_VERSION,
-            "config": {"start_pairs": self.start_pairs, "refit_every": self.refit_every, "max_pairs": self.max_pairs},
+            "config": {
+                "start_pairs": self.start_pairs,
+                "refit_every": self.refit_every,
+                "max_pairs": self.max_pairs,
+                # only when not the paper's rule: states saved before the rule existed still load
+                **({"start_rule": self.start_rule} if self.start_rule != "count" else {}),
+            },
             "pairs": [list(p) for p in self._pairs],
             "n_seen": self.n_seen,
             "n_skipped": self.n_skipped,
             "n_fits": self.n_fits,
             "since_fit": self._since_fit,
             "map": None if self._x is None or self._y is None else {"x": self._x.tolist(), "y": self._y.tolist()},
+            "last_cv": self.last_cv,
+            "checked_at": self._checked_at,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -172,3 +213,45 @@ class OnlineDebiaser:
         fitted_map = state["map"]
         self._x = None if fitted_map is None else np.asarray(fitted_map["x"], dtype=float)
         self._y = None if fitted_map is None else np.asarray(fitted_map["y"], dtype=float)
+        self.last_cv = state.get("last_cv")
+        self._checked_at = int(state.get("checked_at", -1))
+
+
+def cross_validated_gain(pairs: Sequence[tuple[float, float]], folds: int = _CV_FOLDS) -> dict[str, float] | None:
+    """How much an isotonic map beats the identity out of fold on ``pairs`` ``(wm, true)``:
+    ``{"pairs", "identity_mae", "map_mae", "gain", "gain_se"}`` (``gain`` = identity MAE - map
+    MAE, ``gain_se`` its standard error over pairs), or ``None`` with fewer than ``2 * folds``
+    pairs. Folds are contiguous in the order given; a training fold with a single distinct
+    world-model score predicts with the identity (no map can be fitted on it).
+
+    >>> wm = [i / 40 for i in range(40)]
+    >>> cv = cross_validated_gain([(w, w**2) for w in wm])  # a strong monotone bias
+    >>> cv["gain"] > cv["gain_se"] > 0
+    True
+    >>> rng = np.random.default_rng(0)
+    >>> cv = cross_validated_gain([(w, float(np.clip(w + rng.normal(0, 0.05), 0, 1))) for w in wm])
+    >>> cv["gain"] > cv["gain_se"]  # already calibrated: nothing to gain
+    False
+    """
+    data = np.asarray(pairs, dtype=float).reshape(-1, 2)
+    n = len(data)
+    if n < 2 * folds:
+        return None
+    fold = (np.arange(n) * folds) // n
+    mapped = data[:, 0].copy()
+    for k in range(folds):
+        test, train = fold == k, fold != k
+        if np.unique(data[train, 0]).size < 2:
+            continue
+        iso = IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, out_of_bounds="clip")
+        mapped[test] = iso.fit(data[train, 0], data[train, 1]).predict(data[test, 0])
+    identity_err = np.abs(data[:, 0] - data[:, 1])
+    map_err = np.abs(mapped - data[:, 1])
+    diff = identity_err - map_err
+    return {
+        "pairs": float(n),
+        "identity_mae": float(identity_err.mean()),
+        "map_mae": float(map_err.mean()),
+        "gain": float(diff.mean()),
+        "gain_se": float(diff.std(ddof=1) / np.sqrt(n)),
+    }
