@@ -372,16 +372,23 @@ def anchor_fields(arm: str, history: Sequence[Mapping[str, Any]], cost_cpu_s: fl
     (real grading CPU -- all of it anchors -- over the arm's CPU), ``informative_anchor_share``
     (anchor groups with a spread in both calibrated and real scores, over the anchor groups
     with any known pair), ``anchor_weight_mean`` over steps and ``anchor_weight_trajectory``
-    (``[step, weight]`` at the first step and wherever the weight changed)."""
+    (``[step, weight, its standard error or None]`` at the first step and wherever the weight
+    changed)."""
     if arm != "wmrl":
         return dict.fromkeys(ANCHOR_METRICS + ("anchor_weight_trajectory",))
     monitored = _sum(history, "monitor/anchor_groups")
-    weights = [(int(h["step"]), float(h["anchor/weight"])) for h in history if h.get("anchor/weight") is not None]
+    weights = [
+        (int(h["step"]), float(h["anchor/weight"]), h.get("anchor/weight_se"))
+        for h in history
+        if h.get("anchor/weight") is not None
+    ]
     return {
         "anchor_cpu_share": _sum(history, "time/real_grading_cpu") / cost_cpu_s if cost_cpu_s > 0 else None,
         "informative_anchor_share": _sum(history, "monitor/informative_groups") / monitored if monitored else None,
-        "anchor_weight_mean": float(np.mean([w for _, w in weights])) if weights else None,
-        "anchor_weight_trajectory": [[s, w] for k, (s, w) in enumerate(weights) if k == 0 or w != weights[k - 1][1]],
+        "anchor_weight_mean": float(np.mean([w for _, w, _ in weights])) if weights else None,
+        "anchor_weight_trajectory": [
+            [s, w, se] for k, (s, w, se) in enumerate(weights) if k == 0 or w != weights[k - 1][1]
+        ],
     }
 
 

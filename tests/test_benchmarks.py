@@ -96,14 +96,14 @@ def test_anchor_fields_read_what_the_wmrl_arms_anchors_bought():
     history = [
         {"step": 1, "anchor/weight": 1.0, "time/real_grading_cpu": 3.0, "monitor/anchor_groups": 1, "monitor/informative_groups": 0},
         {"step": 2, "anchor/weight": 1.0, "time/real_grading_cpu": 0.0},
-        {"step": 3, "anchor/weight": 2.0, "time/real_grading_cpu": 5.0, "monitor/anchor_groups": 3, "monitor/informative_groups": 3},
+        {"step": 3, "anchor/weight": 2.0, "anchor/weight_se": 0.3, "time/real_grading_cpu": 5.0, "monitor/anchor_groups": 3, "monitor/informative_groups": 3},
         {"step": 4, "anchor/weight": 1.5},
     ]  # fmt: skip
     got = anchor_fields("wmrl", history, cost_cpu_s=20.0)
     assert got["anchor_cpu_share"] == pytest.approx(8.0 / 20.0)
     assert got["informative_anchor_share"] == pytest.approx(3 / 4)
     assert got["anchor_weight_mean"] == pytest.approx(5.5 / 4)
-    assert got["anchor_weight_trajectory"] == [[1, 1.0], [3, 2.0], [4, 1.5]]
+    assert got["anchor_weight_trajectory"] == [[1, 1.0, None], [3, 2.0, 0.3], [4, 1.5, None]]
     assert set(anchor_fields("wm", history, 20.0).values()) == {None}
 
 

@@ -178,3 +178,19 @@ def test_rounding_residuals_of_a_perfect_world_model_never_move_the_weight():
         noise = rng.normal(0.0, 1e-16, 4)
         assert w.observe((np.array(t) + noise).tolist(), t)
     assert not w.frozen and w.weight == 1.0
+
+
+def test_weight_se_shrinks_as_groups_agree_and_round_trips():
+    rng = np.random.default_rng(0)
+    w = InverseVarianceWeighter(half_life=8.0, freeze_after=4, max_weight=100.0)
+    assert w.weight_se is None
+    true = [0.0, 0.5, 1.0]
+    for _ in range(4):  # noisy disagreement: the scale freezes on it
+        w.observe([t + rng.normal(0, 0.3) for t in true], true)
+    noisy = w.weight_se
+    for _ in range(60):  # a steady disagreement: the EMA's spread, and the weight's se, shrink
+        w.observe([0.1, 0.5, 0.9], true)
+    assert noisy is not None and noisy > 0 and w.weight_se < noisy / 5
+    again = InverseVarianceWeighter(half_life=8.0, freeze_after=4, max_weight=100.0)
+    again.load_state_dict(json.loads(json.dumps(w.state_dict())))
+    assert again.weight_se == w.weight_se

@@ -216,6 +216,7 @@ class Calibrator:
         """The info keys the wrappers report (see their docstrings)."""
         return {
             "anchor_weight": self.weighter.weight,
+            "anchor_weight_se": self.weighter.weight_se,
             "calibrated": self.debiaser.fitted,
             "anchor_pairs_total": self.debiaser.n_seen,
             "calibration_cv": self.debiaser.last_cv,  # the cv start rule's last look (None: none yet)
@@ -261,6 +262,8 @@ _INFO_DOC = """
 
     * ``anchor_weight``: the current Inverse-Variance weight (exactly 1.0 before
       calibration); the trainer multiplies anchor groups' advantages by it.
+    * ``anchor_weight_se``: its standard error (``InverseVarianceWeighter.weight_se``); left
+      out before the weight's scale is frozen.
     * ``calibrated``: True once the isotonic map has been fitted.
     * ``anchor_pairs_total``: anchor pairs received so far.
     * ``calibration_cv``: with ``start_rule="cv"``, its last cross-validation

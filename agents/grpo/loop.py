@@ -248,6 +248,7 @@ def step_metrics(episodes: Sequence[Any], anchor_weight: float) -> dict[str, Any
         "anchor/realized_fraction": _mean([float(g[0].anchor) for g in by_group.values()]),
         "anchor/groups": sum(g[0].anchor for g in by_group.values()),
         "anchor/weight": anchor_weight,
+        "anchor/weight_se": last.get("anchor_weight_se"),  # as of the last episode's step
         "calibration/fitted": last.get("calibrated"),
         "calibration/anchor_pairs_total": last.get("anchor_pairs_total"),
         "episodes/count": len(episodes),

@@ -18,7 +18,10 @@ exactly ``weight_at_freeze`` then; afterwards
 
     anchor_weight = clip(1 + c * ema, 1, max_weight),
 
-which is the paper's rule rho = 1 + eta^2 / eta^2_cal. Before the freeze the weight is
+which is the paper's rule rho = 1 + eta^2 / eta^2_cal. :attr:`InverseVarianceWeighter.weight_se`
+is its uncertainty: the standard error of the EMA (from an EMA of ``d^2`` with the same
+half-life, for an EMA's effective sample of ``(2 - alpha) / alpha`` groups) carried through the
+same map. Before the freeze the weight is
 exactly 1.0. If the EMA is exactly 0 at ``freeze_after`` (a perfect world model), the
 freeze waits for the first non-zero EMA. A disagreement below :data:`ROUNDING_TOL` is
 rounding, not disagreement, and counts as exactly 0: an isotonic map fitted on a perfect
@@ -88,6 +91,7 @@ class InverseVarianceWeighter:
         self.max_weight = float(max_weight)
         self._alpha = 1.0 - 0.5 ** (1.0 / self.half_life)
         self.ema: float | None = None
+        self.ema_sq: float | None = None  # EMA of d^2: the spread behind weight_se
         self.n_observed = 0
         self.n_degenerate = 0
         self.ema_at_freeze: float | None = None
@@ -115,6 +119,18 @@ class InverseVarianceWeighter:
         raw = 1.0 + (self.weight_at_freeze - 1.0) * (self.ema / self.ema_at_freeze)
         return float(min(max(raw, 1.0), self.max_weight))
 
+    @property
+    def weight_se(self) -> float | None:
+        """Standard error of :attr:`weight` from the EMA's own noise (``None`` before the
+        freeze, when the weight is exactly 1.0 by rule; 0 where the weight sits at a clip)."""
+        if self.ema_at_freeze is None or self.ema is None or self.ema_sq is None:
+            return None
+        if self.weight in (1.0, self.max_weight):
+            return 0.0
+        variance = max(self.ema_sq - self.ema**2, 0.0)
+        se_ema = float(np.sqrt(variance * self._alpha / (2.0 - self._alpha)))
+        return (self.weight_at_freeze - 1.0) * se_ema / self.ema_at_freeze
+
     @staticmethod
     def disagreement(calibrated: Sequence[float | None], true: Sequence[float | None]) -> float | None:
         """The normalised within-group disagreement ``d`` of one group, or ``None`` if skipped."""
@@ -139,6 +155,7 @@ class InverseVarianceWeighter:
             self.n_degenerate += 1
             return False
         self.ema = d if self.ema is None else self.ema + self._alpha * (d - self.ema)
+        self.ema_sq = d * d if self.ema_sq is None else self.ema_sq + self._alpha * (d * d - self.ema_sq)
         self.n_observed += 1
         if self.ema_at_freeze is None and self.n_observed >= self.freeze_after and self.ema > 0.0:
             self.ema_at_freeze = self.ema
@@ -155,6 +172,7 @@ class InverseVarianceWeighter:
                 "max_weight": self.max_weight,
             },
             "ema": self.ema,
+            "ema_sq": self.ema_sq,
             "n_observed": self.n_observed,
             "n_degenerate": self.n_degenerate,
             "ema_at_freeze": self.ema_at_freeze,
@@ -168,6 +186,7 @@ class InverseVarianceWeighter:
         if state["config"] != mine:
             raise ValueError(f"InverseVarianceWeighter config mismatch: saved {state['config']!r}, this one {mine!r}")
         self.ema = None if state["ema"] is None else float(state["ema"])
+        self.ema_sq = None if state.get("ema_sq") is None else float(state["ema_sq"])  # absent before weight_se
         self.n_observed = int(state["n_observed"])
         self.n_degenerate = int(state["n_degenerate"])
         self.ema_at_freeze = None if state["ema_at_freeze"] is None else float(state["ema_at_freeze"])
