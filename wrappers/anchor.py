@@ -443,6 +443,7 @@ class _AnchorBase:
         for landing in self._background.landed(wait=wait):
             if self._wm_layer is not None:
                 self._wm_layer._grader.count_real(1, landing.seconds)
+                self._wm_layer._grader.anchor_graded(landing.request, landing.outcome)
             self._core.land(landing.ticket, landing.wm_score, landing.outcome)
         out = list(self._core.completed)
         self._core.completed.clear()

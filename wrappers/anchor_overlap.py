@@ -61,12 +61,14 @@ class Landing:
         wm_score: the raw world-model score of the same request (``None`` if unknown).
         outcome: the real outcome (``None``: the grader failed; unknown, never 0).
         seconds: wall seconds the real grading took.
+        request: the grading request it graded.
     """
 
     ticket: int
     wm_score: float | None
     outcome: Any
     seconds: float
+    request: Any = None
 
 
 class BackgroundGrader:
@@ -85,7 +87,7 @@ class BackgroundGrader:
         self.grader = grader
         self.max_workers = max_workers
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: list[tuple[int, float | None, Future]] = []
+        self._pending: list[tuple[int, float | None, Future, Any]] = []
         self._lock = threading.Lock()
 
     def _timed(self, request: Any) -> tuple[Any, float]:
@@ -97,7 +99,7 @@ class BackgroundGrader:
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="wmrl-anchor")
-            self._pending.append((ticket, wm_score, self._pool.submit(self._timed, request)))
+            self._pending.append((ticket, wm_score, self._pool.submit(self._timed, request), request))
 
     @property
     def in_flight(self) -> int:
@@ -112,7 +114,7 @@ class BackgroundGrader:
         with self._lock:
             pending = list(self._pending)
         if wait and pending:
-            wait_futures([f for _, _, f in pending])
+            wait_futures([p[2] for p in pending])
         done = []
         for p in pending:
             if not p[2].done():
@@ -121,13 +123,13 @@ class BackgroundGrader:
         with self._lock:
             del self._pending[: len(done)]
         out = []
-        for ticket, wm, future in done:
+        for ticket, wm, future, request in done:
             try:
                 outcome, seconds = future.result()
             except Exception:  # the grader's own failure: unknown, never a score
                 log.exception("background real grading failed; the outcome is unknown")
                 outcome, seconds = None, 0.0
-            out.append(Landing(ticket, wm, outcome, seconds))
+            out.append(Landing(ticket, wm, outcome, seconds, request))
         return out
 
     def close(self) -> None:

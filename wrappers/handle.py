@@ -107,6 +107,24 @@ class StackHandle:
         :func:`wrappers.parts.monitor.anchor_group_stats`)."""
         return anchor_group_stats(group_results)
 
+    # -- the world model -------------------------------------------------------------------
+    @property
+    def world_model(self) -> Any:
+        """The world-model layer's model (``None`` without one)."""
+        return None if self._world_model is None else self._world_model.world_model
+
+    @world_model.setter
+    def world_model(self, model: Any) -> None:
+        if self._world_model is None:
+            raise TypeError("this stack has no world-model layer: there is no world model to swap")
+        self._world_model.world_model = model
+
+    def on_anchor_graded(self, listener: Any) -> None:
+        """Call ``listener(request, real outcome)`` for every anchor grading of this stack."""
+        if self._world_model is None or self._anchor is None:
+            raise TypeError("this stack has no anchor groups: nothing is graded for real beside the world model")
+        self._world_model.anchor_listeners.append(listener)
+
     # -- what grading cost ---------------------------------------------------------------
     @property
     def real_executions(self) -> int | None:

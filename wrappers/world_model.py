@@ -93,6 +93,10 @@ class _Grader:
         self.world_model = world_model
         self.score_transform: ScoreTransform | None = None
         self.counters = GradingCounters()
+        #: Called with ``(request, real outcome)`` for every anchor grading (mode ``"both"``, or
+        #: an overlap-mode anchor's background grading as it lands): e.g. a
+        #: :class:`~agents.grpo.WorldModelUpdater` collecting the policy's own labelled scripts.
+        self.anchor_listeners: list[Callable[[GradingRequest, Outcome | None], object]] = []
 
     def predict(self, requests: Sequence[GradingRequest]) -> tuple[list[Outcome | None], list[Outcome | None], float]:
         """``(raw, calibrated, seconds)`` for a batch of requests: one ``predict`` call."""
@@ -132,6 +136,11 @@ class _Grader:
         self.counters.real_executions += n
         self.counters.real_seconds += seconds
 
+    def anchor_graded(self, request: GradingRequest, outcome: Outcome | None) -> None:
+        """Tell the anchor listeners about one anchor's real grading."""
+        for listener in self.anchor_listeners:
+            listener(request, outcome)
+
 
 def _score(o: Outcome | None) -> float | None:
     return None if o is None else o.score
@@ -169,10 +178,22 @@ class _WorldModelBase:
     def world_model(self) -> WorldModel:
         return self._grader.world_model
 
+    @world_model.setter
+    def world_model(self, model: WorldModel) -> None:
+        """Swap the world model (e.g. for one refitted on anchors; call it between steps)."""
+        if not callable(getattr(model, "predict", None)):
+            raise TypeError(f"world_model must have predict(contexts, actions), got {type(model).__name__}")
+        self._grader.world_model = model
+
     @property
     def counters(self) -> GradingCounters:
         """Cumulative :class:`GradingCounters`."""
         return self._grader.counters
+
+    @property
+    def anchor_listeners(self) -> list[Callable[[GradingRequest, Outcome | None], object]]:
+        """Called with ``(request, real outcome)`` for every anchor grading (see :class:`_Grader`)."""
+        return self._grader.anchor_listeners
 
     @property
     def score_transform(self) -> ScoreTransform | None:
@@ -253,6 +274,8 @@ class WorldModelWrapper(_WorldModelBase, gym.Wrapper, RecordConstructorArgs):
             real = self.env.get_wrapper_attr("grade")(request)
             real_seconds = time.perf_counter() - t0
             self._grader.count_real(1, real_seconds)
+            if mode == "both":
+                self._grader.anchor_graded(request, real)
         if mode is not None:
             self.env.set_wrapper_attr("pending_outcome", calibrated if mode == "wm" else real)
         obs, reward, terminated, truncated, info = self.env.step(action)
@@ -391,6 +414,8 @@ class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper, RecordConstructorA
             real = None
             if modes[i] in ("both", "env"):  # no info['outcome'] = unknown (docs/contracts.md)
                 real = sub_info(target, i, ("outcome",)).get("outcome")
+            if modes[i] == "both":
+                self._grader.anchor_graded(requests[i], real)  # type: ignore[arg-type]  # graded: has a request
             extra = _grading_info(
                 modes[i],
                 raw[i],

@@ -7,6 +7,8 @@
   :func:`train`, the loop; checkpoints of policy + optimiser + RNG + stack state; the
   :class:`ExploitationGuard` callback.
 * :mod:`agents.grpo.diagnostics` -- warnings for runs that cannot learn.
+* :mod:`agents.grpo.world_model_updates` -- :class:`WorldModelUpdater`, a callback that refits
+  the world model on the real outcomes of the policy's own anchor scripts.
 
 Agents: :class:`agents.llm.trainer.LLMAgent`, :class:`agents.vla.trainer.VLAAgent`.
 """
@@ -35,6 +37,7 @@ from agents.grpo.objective import (
     group_advantages,
     grpo_loss,
 )
+from agents.grpo.world_model_updates import WorldModelUpdater
 
 __all__ = [
     "GRPOLoopConfig",
@@ -44,6 +47,7 @@ __all__ = [
     "Callback",
     "ExploitationGuard",
     "DEFAULT_GUARD",
+    "WorldModelUpdater",
     "train",
     "step_metrics",
     "save_checkpoint",
