@@ -144,6 +144,10 @@ class SpeedupConfig:
             least confident first): see :class:`~wrappers.VectorAnchorWrapper`.
         calibration_start_pairs: anchor pairs before the first isotonic fit (paper: 200).
         calibration_start_rule: ``count`` (the paper's) or ``cv`` (see CalibrationConfig).
+        wm_update_every: WMRL arm: refit its world model on the real outcomes of its anchor
+            scripts every this many anchor records (:class:`~agents.grpo.WorldModelUpdater`; the
+            refits' CPU is the arm's); 0 = never (the paper's). The row then carries the
+            fidelity on held-back anchor scripts with and without the updates.
         calibration_refit_every: refit the map after this many new pairs (paper: 64).
         calibration_half_life: EMA half-life of the disagreement, in anchor groups (paper: 64).
         calibration_freeze_after: anchor groups before the weight's scale freezes (paper: 32).
@@ -186,6 +190,7 @@ class SpeedupConfig:
     anchor_selection: str = "random"
     calibration_start_pairs: int = 16
     calibration_start_rule: str = "count"
+    wm_update_every: int = 0
     calibration_refit_every: int = 16
     calibration_half_life: float = 8.0
     calibration_freeze_after: int = 4
@@ -235,6 +240,8 @@ class SpeedupConfig:
             raise ValueError(f"anchor_selection must be one of {SELECTIONS}, got {self.anchor_selection!r}")
         if self.monitor_action not in GUARD_ACTIONS:
             raise ValueError(f"monitor_action must be one of {GUARD_ACTIONS}, got {self.monitor_action!r}")
+        if self.wm_update_every < 0:
+            raise ValueError(f"wm_update_every must be >= 0 (0 = never), got {self.wm_update_every}")
 
     def calibration(self) -> CalibrationConfig:
         """The ``CalibrationWrapper`` settings of the WMRL arm."""
@@ -475,7 +482,7 @@ def _one_arm(
     train_tasks: list[str], evaluate: Any, start_point: dict[str, Any] | None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
     """Train one arm from the current weights under the budget: (row, history, guard events)."""
-    from agents.grpo import ExploitationGuard, train
+    from agents.grpo import ExploitationGuard, WorldModelUpdater, train
     from agents.llm.trainer import GRPOConfig, LLMAgent
     from benchmarks.speedup_accounting import OutcomeCache, ScriptCounter, distinct_scripts
 
@@ -493,6 +500,10 @@ def _one_arm(
         anchor_selection=config.anchor_selection if arm == "wmrl" else "random",
     )  # fmt: skip
     callbacks: list[Any] = [budget]
+    updater = None
+    if arm == "wmrl" and config.wm_update_every:
+        updater = WorldModelUpdater(stack, every=config.wm_update_every, seed=seed)
+        callbacks.insert(0, updater)  # before the budget: a refit is swapped in before an evaluation
     guard = None
     if arm == "wmrl" and config.monitor_max_gap is not None:
         guard = ExploitationGuard(stack, max_gap=config.monitor_max_gap, action=config.monitor_action)
@@ -507,6 +518,8 @@ def _one_arm(
     try:
         history = train(LLMAgent(policy, stack, scaffold, grpo, tasks=train_tasks), callbacks=callbacks).history
     finally:
+        if updater is not None:  # a refit still running must not spend the next arm's CPU
+            updater.wait()
         stack.close()
     if budget.pending:  # stopped early (guard): the remaining points are the final state
         budget.measure(len(history))
@@ -514,6 +527,8 @@ def _one_arm(
     per_task = distinct_scripts(counter.scripts, cache.scripts if cache else {})
     row["distinct_scripts_per_task"] = float(np.mean(list(per_task.values()))) if per_task else 0.0
     row["distinct_scripts"] = per_task
+    if updater is not None:
+        row["wm_updates"] = {"fit_cpu_s": updater.fit_seconds, "history": updater.history, "final": updater.fidelity()}
     row["cache_hits"] = cache.hits if cache else 0
     row["cache_runs"] = cache.runs if cache else None
     return row, history, guard.events if guard else []

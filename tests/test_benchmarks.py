@@ -107,6 +107,19 @@ def test_anchor_fields_read_what_the_wmrl_arms_anchors_bought():
     assert set(anchor_fields("wm", history, 20.0).values()) == {None}
 
 
+def test_speedup_config_refuses_bad_anchor_and_calibration_settings():
+    from benchmarks.speedup import SpeedupConfig
+
+    for bad, match in (
+        ({"anchor_selection": "smart"}, "anchor_selection"),
+        ({"calibration_start_rule": "soon"}, "start_rule"),
+        ({"monitor_action": "panic"}, "monitor_action"),
+        ({"wm_update_every": -1}, "wm_update_every"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            SpeedupConfig(**bad)
+
+
 def test_bootstrap_ci_covers_a_known_mean():
     import numpy as np
 
