@@ -119,6 +119,22 @@ class StackHandle:
             raise TypeError("this stack has no world-model layer: there is no world model to swap")
         self._world_model.world_model = model
 
+    def on_wm_graded(self, listener: Any) -> None:
+        """Call ``listener(request, raw outcome, calibrated outcome)`` for every grading of this
+        stack that is the world model's alone."""
+        if self._world_model is None:
+            raise TypeError("this stack has no world-model layer: nothing is graded by a world model")
+        self._world_model.wm_listeners.append(listener)
+
+    def real_grader(self) -> Any:
+        """The env's real grader ``request -> Outcome | None`` (a single env's ``grade``, or a
+        ``SyncVectorEnv``'s first sub-env's: a request carries its task), else ``None``."""
+        unwrapped = getattr(self.env, "unwrapped", None)
+        sub_envs = getattr(unwrapped, "envs", None)
+        if sub_envs:
+            return getattr(sub_envs[0].unwrapped, "grade", None)
+        return getattr(unwrapped, "grade", None)
+
     def on_anchor_graded(self, listener: Any) -> None:
         """Call ``listener(request, real outcome)`` for every anchor grading of this stack."""
         if self._world_model is None or self._anchor is None:

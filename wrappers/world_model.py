@@ -97,6 +97,9 @@ class _Grader:
         #: an overlap-mode anchor's background grading as it lands): e.g. a
         #: :class:`~agents.grpo.WorldModelUpdater` collecting the policy's own labelled scripts.
         self.anchor_listeners: list[Callable[[GradingRequest, Outcome | None], object]] = []
+        #: Called with ``(request, raw outcome, calibrated outcome)`` for every grading that is
+        #: the world model's alone (mode ``"wm"``): e.g. a :class:`~agents.grpo.ShadowProbe`.
+        self.wm_listeners: list[Callable[[GradingRequest, Outcome | None, Outcome | None], object]] = []
 
     def predict(self, requests: Sequence[GradingRequest]) -> tuple[list[Outcome | None], list[Outcome | None], float]:
         """``(raw, calibrated, seconds)`` for a batch of requests: one ``predict`` call."""
@@ -135,6 +138,11 @@ class _Grader:
     def count_real(self, n: int, seconds: float) -> None:
         self.counters.real_executions += n
         self.counters.real_seconds += seconds
+
+    def wm_graded(self, request: GradingRequest, raw: Outcome | None, calibrated: Outcome | None) -> None:
+        """Tell the world-model listeners about one grading by the world model alone."""
+        for listener in self.wm_listeners:
+            listener(request, raw, calibrated)
 
     def anchor_graded(self, request: GradingRequest, outcome: Outcome | None) -> None:
         """Tell the anchor listeners about one anchor's real grading."""
@@ -194,6 +202,11 @@ class _WorldModelBase:
     def anchor_listeners(self) -> list[Callable[[GradingRequest, Outcome | None], object]]:
         """Called with ``(request, real outcome)`` for every anchor grading (see :class:`_Grader`)."""
         return self._grader.anchor_listeners
+
+    @property
+    def wm_listeners(self) -> list[Callable[[GradingRequest, Outcome | None, Outcome | None], object]]:
+        """Called with ``(request, raw, calibrated)`` for every world-model-only grading."""
+        return self._grader.wm_listeners
 
     @property
     def score_transform(self) -> ScoreTransform | None:
@@ -269,6 +282,8 @@ class WorldModelWrapper(_WorldModelBase, gym.Wrapper, RecordConstructorArgs):
         wm_seconds = real_seconds = 0.0
         if mode in ("wm", "both"):
             (raw,), (calibrated,), wm_seconds = self._grader.predict([request])
+        if mode == "wm":
+            self._grader.wm_graded(request, raw, calibrated)
         if mode in ("both", "env"):
             t0 = time.perf_counter()
             real = self.env.get_wrapper_attr("grade")(request)
@@ -396,6 +411,8 @@ class VectorWorldModelWrapper(_WorldModelBase, VectorWrapper, RecordConstructorA
         calibrated: list[Outcome | None] = [None] * n
         for i, r, c in zip(wm_idx, raw_list, cal_list):
             raw[i], calibrated[i] = r, c
+            if modes[i] == "wm":
+                self._grader.wm_graded(requests[i], r, c)  # type: ignore[arg-type]  # graded: has a request
         pending = [calibrated[i] if modes[i] == "wm" else GRADE_FOR_REAL for i in range(n)]
         seam_env.set_attr("pending_outcome", pending)
 

@@ -7,6 +7,8 @@
   :func:`train`, the loop; checkpoints of policy + optimiser + RNG + stack state; the
   :class:`ExploitationGuard` callback.
 * :mod:`agents.grpo.diagnostics` -- warnings for runs that cannot learn.
+* :mod:`agents.grpo.shadow` -- :class:`ShadowProbe`, a callback that grades a sample of the
+  policy's world-model-graded scripts for real outside training (exploitation, measured).
 * :mod:`agents.grpo.world_model_updates` -- :class:`WorldModelUpdater`, a callback that refits
   the world model on the real outcomes of the policy's own anchor scripts.
 
@@ -37,6 +39,7 @@ from agents.grpo.objective import (
     group_advantages,
     grpo_loss,
 )
+from agents.grpo.shadow import ShadowProbe
 from agents.grpo.world_model_updates import WorldModelUpdater
 
 __all__ = [
@@ -48,6 +51,7 @@ __all__ = [
     "ExploitationGuard",
     "DEFAULT_GUARD",
     "WorldModelUpdater",
+    "ShadowProbe",
     "train",
     "step_metrics",
     "save_checkpoint",
