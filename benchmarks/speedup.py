@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -57,7 +58,7 @@ from benchmarks.report import machine_summary, markdown_table, write_json, write
 from benchmarks.speedup_accounting import OutcomeCache, bootstrap_ci, reach_ratios
 from wmrl_envs.config_cli import config_to_dict
 from wmrl_envs.vector import make_vector_env
-from wrappers import CalibrationConfig, build_stack
+from wrappers import CalibrationConfig, StackHandle, build_stack
 from wrappers.parts.scheduling import SELECTIONS
 
 __all__ = [
@@ -81,6 +82,12 @@ ARM_METRICS = (
     "other_cpu_s", "real_executions", "anchor_share", "final_heldout", "best_heldout", "step_cpu_s",
     "final_train_reward", "anchor_weight", "monitor_gap", "monitor_rank_agreement", "cache_hits",
     "distinct_scripts_per_task", "anchor_cpu_share", "informative_anchor_share", "anchor_weight_mean",
+)  # fmt: skip
+
+#: The shadow probe's numbers averaged over seeds in ``summary.json`` (see :class:`~agents.grpo.ShadowProbe`).
+SHADOW_METRICS = (
+    "raw_gap_start", "raw_gap_end", "raw_gap_slope_per_step", "calibrated_gap_start", "calibrated_gap_end",
+    "calibrated_gap_slope_per_step", "executions", "unknown_real",
 )  # fmt: skip
 
 #: The WMRL arm's anchor metrics (see :func:`anchor_fields`), with CIs in ``summary.json``.
@@ -144,6 +151,11 @@ class SpeedupConfig:
             least confident first): see :class:`~wrappers.VectorAnchorWrapper`.
         calibration_start_pairs: anchor pairs before the first isotonic fit (paper: 200).
         calibration_start_rule: ``count`` (the paper's) or ``cv`` (see CalibrationConfig).
+        shadow_every: ``wm`` and ``wmrl`` arms: every this many steps grade ``shadow_sample`` of
+            the step's world-model-graded scripts for real, outside the budget and the arm's
+            outcome cache (:class:`~agents.grpo.ShadowProbe`); 0 = never. The row and
+            ``summary.json`` then carry the raw and calibrated gap over training.
+        shadow_sample: scripts per probe.
         wm_update_every: WMRL arm: refit its world model on the real outcomes of its anchor
             scripts every this many anchor records (:class:`~agents.grpo.WorldModelUpdater`; the
             refits' CPU is the arm's); 0 = never (the paper's). The row then carries the
@@ -191,6 +203,8 @@ class SpeedupConfig:
     calibration_start_pairs: int = 16
     calibration_start_rule: str = "count"
     wm_update_every: int = 0
+    shadow_every: int = 0
+    shadow_sample: int = 4
     calibration_refit_every: int = 16
     calibration_half_life: float = 8.0
     calibration_freeze_after: int = 4
@@ -240,8 +254,11 @@ class SpeedupConfig:
             raise ValueError(f"anchor_selection must be one of {SELECTIONS}, got {self.anchor_selection!r}")
         if self.monitor_action not in GUARD_ACTIONS:
             raise ValueError(f"monitor_action must be one of {GUARD_ACTIONS}, got {self.monitor_action!r}")
-        if self.wm_update_every < 0:
-            raise ValueError(f"wm_update_every must be >= 0 (0 = never), got {self.wm_update_every}")
+        if self.wm_update_every < 0 or self.shadow_every < 0 or self.shadow_sample < 1:
+            raise ValueError(
+                f"wm_update_every and shadow_every must be >= 0 (0 = never) and shadow_sample >= 1, got "
+                f"{self.wm_update_every}, {self.shadow_every}, {self.shadow_sample}"
+            )
 
     def calibration(self) -> CalibrationConfig:
         """The ``CalibrationWrapper`` settings of the WMRL arm."""
@@ -295,6 +312,7 @@ class _Budget:
         self.evaluate = evaluate
         self.wall0, self.cpu0 = time.perf_counter(), cpu_clock()
         self.excluded_cpu = self.excluded_wall = 0.0
+        self.untimed: list[Any] = []  # callbacks with their own cpu_s / wall_s outside the budget (probes)
         self.points: list[dict[str, Any]] = []
         self.pending = [f for f in config.eval_fractions]
         if first_point is not None and self.pending and self.pending[0] == 0.0:
@@ -302,7 +320,9 @@ class _Budget:
             self.pending.pop(0)
 
     def spent(self) -> tuple[float, float]:
-        return cpu_clock() - self.cpu0 - self.excluded_cpu, time.perf_counter() - self.wall0 - self.excluded_wall
+        cpu = self.excluded_cpu + sum(u.cpu_s for u in self.untimed)
+        wall = self.excluded_wall + sum(u.wall_s for u in self.untimed)
+        return cpu_clock() - self.cpu0 - cpu, time.perf_counter() - self.wall0 - wall
 
     def measure(self, step: int) -> None:
         cost, wall = self.spent()
@@ -482,7 +502,7 @@ def _one_arm(
     train_tasks: list[str], evaluate: Any, start_point: dict[str, Any] | None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
     """Train one arm from the current weights under the budget: (row, history, guard events)."""
-    from agents.grpo import ExploitationGuard, WorldModelUpdater, train
+    from agents.grpo import ExploitationGuard, ShadowProbe, WorldModelUpdater, train
     from agents.llm.trainer import GRPOConfig, LLMAgent
     from benchmarks.speedup_accounting import OutcomeCache, ScriptCounter, distinct_scripts
 
@@ -504,6 +524,19 @@ def _one_arm(
     if arm == "wmrl" and config.wm_update_every:
         updater = WorldModelUpdater(stack, every=config.wm_update_every, seed=seed)
         callbacks.insert(0, updater)  # before the budget: a refit is swapped in before an evaluation
+    probe = shadow_env = None
+    if arm in ("wm", "wmrl") and config.shadow_every:
+        # its own env and cache: a probed script must not become a free repeat for the arm
+        shadow_env = gym.make("wmrl/AutoResearch-v0", split="train", executor=OutcomeCache(), **config.env_kwargs())
+        probe = ShadowProbe(
+            stack,
+            every=config.shadow_every,
+            sample=config.shadow_sample,
+            seed=seed,
+            grader=StackHandle(shadow_env).real_grader(),
+        )
+        budget.untimed.append(probe)
+        callbacks.insert(0, probe)
     guard = None
     if arm == "wmrl" and config.monitor_max_gap is not None:
         guard = ExploitationGuard(stack, max_gap=config.monitor_max_gap, action=config.monitor_action)
@@ -520,6 +553,8 @@ def _one_arm(
     finally:
         if updater is not None:  # a refit still running must not spend the next arm's CPU
             updater.wait()
+        if shadow_env is not None:
+            shadow_env.close()
         stack.close()
     if budget.pending:  # stopped early (guard): the remaining points are the final state
         budget.measure(len(history))
@@ -527,6 +562,8 @@ def _one_arm(
     per_task = distinct_scripts(counter.scripts, cache.scripts if cache else {})
     row["distinct_scripts_per_task"] = float(np.mean(list(per_task.values()))) if per_task else 0.0
     row["distinct_scripts"] = per_task
+    if probe is not None:
+        row["shadow"] = {"summary": probe.summary(), "records": probe.records}
     if updater is not None:
         row["wm_updates"] = {"fit_cpu_s": updater.fit_seconds, "history": updater.history, "final": updater.fidelity()}
     row["cache_hits"] = cache.hits if cache else 0
@@ -709,6 +746,12 @@ def build_summary(
                 if r["seed"] in real
             ]
             entry.update(_ratio_entries("reach_", ratios))
+        shadows = [r["shadow"]["summary"] for r in mine if r.get("shadow")]
+        if shadows:
+            entry["shadow"] = {
+                key: {"mean": _mean([x[key] for x in shadows]), "ci95": bootstrap_ci([x[key] for x in shadows])}
+                for key in SHADOW_METRICS
+            }
         if arm == "wmrl":
             for key in ANCHOR_METRICS:
                 values = [r.get(key) for r in mine]

@@ -24,8 +24,9 @@ def _read(run_dir):
 def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
     run_dir = tmp_path / "speedup"
     rc = main(
-        ["speedup", "--config", "speedup-smoke", "--run-dir", str(run_dir), "--no-progress", "--monitor-max-gap", "0.0"]
-    )
+        ["speedup", "--config", "speedup-smoke", "--run-dir", str(run_dir), "--no-progress", "--monitor-max-gap", "0.0",
+         "--shadow-every", "2"]
+    )  # fmt: skip
     assert rc == 0
     result, markdown, config = _read(run_dir)
     out = capsys.readouterr().out
@@ -63,6 +64,14 @@ def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
             row[k] for k in ("gen_cpu_s", "real_grading_cpu_s", "wm_grading_cpu_s", "update_cpu_s", "other_cpu_s")
         )
         assert 0 < parts <= row["cost_cpu_s"] * 1.05 + 1.0  # components are part of the measured total
+    # Shadow probes of the world-model arms: executed for real outside the budget and the arm's cache.
+    for arm in ("wm", "wmrl"):
+        shadow = arms[arm]["shadow"]
+        # every second step that had world-model-only gradings (a step of malformed replies has none)
+        assert {r["step"] for r in shadow["records"]} <= set(range(2, arms[arm]["steps"] + 1, 2))
+        assert shadow["summary"]["executions"] == sum(r["n"] for r in shadow["records"])
+        assert "raw_gap_end" in summary["arms"][arm]["shadow"]
+    assert "shadow" not in arms["real"] and "shadow" not in summary["arms"]["real"]
     # The raw world-model arm never executes; WMRL executes only its anchor groups.
     assert arms["wm"]["real_executions"] == 0 and arms["real"]["real_executions"] > 0
     assert arms["wm"]["cache_runs"] == 0 and arms["real"]["cache_runs"] + arms["real"]["cache_hits"] > 0
@@ -84,7 +93,8 @@ def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
     if gaps and gaps[0] > 0:
         assert events
     # A rerun into the same directory continues from the saved arms: nothing is trained again.
-    args = ["--config", "speedup-smoke", "--run-dir", str(run_dir), "--no-progress", "--monitor-max-gap", "0.0"]
+    args = ["--config", "speedup-smoke", "--run-dir", str(run_dir), "--no-progress", "--monitor-max-gap", "0.0",
+            "--shadow-every", "2"]  # fmt: skip
     assert main(["speedup", *args]) == 0
     again, _, _ = _read(run_dir)
     assert again["per_seed"] == result["per_seed"] and again["curves"] == result["curves"]
