@@ -155,3 +155,29 @@ def test_train_guards_a_wmrl_stack_by_default():
     off = GRPOLoopConfig(total_steps=3 * window, progress=False, tensorboard=False, groups_per_step=1, group_size=2,
                          exploitation_guard=False)  # fmt: skip
     assert train(_GapAgent(env, off)).last_step == 3 * window and StackHandle(env).anchor_fraction == 0.1
+
+
+def test_anchor_schedule_decays_while_the_calibration_holds_and_rises_when_the_gap_opens(stack):
+    import json
+
+    from agents.grpo import AnchorSchedule
+
+    schedule = AnchorSchedule(stack, floor=0.05, ceiling=0.4, decay=0.5, window=4, tolerance=0.02, max_gap=0.1)
+    handle = StackHandle(stack)
+    for step in range(1, 9):  # small, steady gaps: the calibration holds -> 0.1 -> 0.05 (the floor)
+        schedule(step, {"monitor/gap": 0.005 if step % 2 else -0.005})
+    assert handle.anchor_fraction == pytest.approx(0.05) and [e["action"] for e in schedule.events] == ["decay"]
+    for step in range(9, 13):  # steps without anchor groups change nothing
+        schedule(step, {"monitor/gap": None})
+    for step in range(13, 17):  # noisy gaps around 0: neither decision
+        schedule(step, {"monitor/gap": 0.3 if step % 2 else -0.3})
+    assert handle.anchor_fraction == pytest.approx(0.05) and len(schedule.events) == 1
+    for step in range(17, 25):  # a clear, steady over-rating: rise, twice as fast as the decay
+        schedule(step, {"monitor/gap": 0.2})
+    assert [e["action"] for e in schedule.events] == ["decay", "rise", "rise"]
+    assert handle.anchor_fraction == pytest.approx(0.4)  # 0.05 / 0.25 = 0.2, then capped at the ceiling
+    again = AnchorSchedule(stack, floor=0.05, ceiling=0.4, decay=0.5, window=4, tolerance=0.02, max_gap=0.1)
+    again.load_state_dict(json.loads(json.dumps(schedule.state_dict())))
+    assert again.events == schedule.events and again.gaps == schedule.gaps
+    with pytest.raises(ValueError, match="floor"):
+        AnchorSchedule(stack, floor=0.6, ceiling=0.5)

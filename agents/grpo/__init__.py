@@ -7,6 +7,8 @@
   :func:`train`, the loop; checkpoints of policy + optimiser + RNG + stack state; the
   :class:`ExploitationGuard` callback.
 * :mod:`agents.grpo.diagnostics` -- warnings for runs that cannot learn.
+* :mod:`agents.grpo.anchor_schedule` -- :class:`AnchorSchedule`, a callback that decays the
+  anchor share while the calibration holds and raises it when the gap opens.
 * :mod:`agents.grpo.shadow` -- :class:`ShadowProbe`, a callback that grades a sample of the
   policy's world-model-graded scripts for real outside training (exploitation, measured).
 * :mod:`agents.grpo.world_model_updates` -- :class:`WorldModelUpdater`, a callback that refits
@@ -15,6 +17,7 @@
 Agents: :class:`agents.llm.trainer.LLMAgent`, :class:`agents.vla.trainer.VLAAgent`.
 """
 
+from agents.grpo.anchor_schedule import AnchorSchedule
 from agents.grpo.diagnostics import CorrectionsIdleWarning, NoLearningSignalWarning, SignalWatch
 from agents.grpo.loop import (
     DEFAULT_GUARD,
@@ -52,6 +55,7 @@ __all__ = [
     "DEFAULT_GUARD",
     "WorldModelUpdater",
     "ShadowProbe",
+    "AnchorSchedule",
     "train",
     "step_metrics",
     "save_checkpoint",
