@@ -694,6 +694,10 @@ def _finish(
     plots = [str(_plot_curves(config, rows, run_dir / "heldout_vs_cost.png"))]
     if "wmrl" in config.arms:
         plots.append(str(_plot_monitor(histories, config, run_dir / "monitor.png")))
+    if any(r.get("shadow") for r in rows):
+        plots.append(str(_plot_shadow(rows, run_dir / "shadow_gap.png")))
+    if any(r.get("wm_updates") for r in rows):
+        plots.append(str(_plot_wm_updates(rows, run_dir / "wm_updates.png")))
     result["plots"] = plots
     return {**write_results(run_dir, result, tables(result)), "histories": histories}
 
@@ -971,6 +975,42 @@ def _plot_curves(config: SpeedupConfig, rows: Sequence[Mapping[str, Any]], path:
     ax.set_ylabel(f"held-out avg@{config.eval_k} (real execution)")
     ax.set_title(f"held-out score vs compute, tier '{config.tier}'")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    return save_figure(fig, path)
+
+
+def _plot_shadow(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """The shadow probes: world-model score minus real score of the policy's own scripts over
+    training, raw and calibrated, per arm x seed (exploitation shows as a rising raw gap)."""
+    fig, axes = new_figure(10.0, 3.6, ncols=2)
+    for r in rows:
+        records = (r.get("shadow") or {}).get("records") or []
+        for ax, key in zip(axes, ("raw_gap", "calibrated_gap")):
+            pts = [(x["step"], x[key]) for x in records if x[key] is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", ms=3, lw=1, label=f"{r['arm']}-seed{r['seed']}")
+    for ax, title in zip(axes, ("raw WM score - real score", "calibrated WM score - real score")):
+        ax.axhline(0.0, color="grey", lw=0.8)
+        ax.set_title(f"shadow probes: {title}")
+        ax.set_xlabel("training step")
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    return save_figure(fig, path)
+
+
+def _plot_wm_updates(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Fidelity on the held-back anchor scripts of the WMRL arm at every refit: the updated
+    world model against the one the run started with (same scripts)."""
+    fig, axes = new_figure(10.0, 3.6, ncols=2)
+    for r in rows:
+        history = (r.get("wm_updates") or {}).get("history") or []
+        for ax, key in zip(axes, ("status_accuracy", "spearman_within_task")):
+            for which, style in (("updated", "-"), ("initial", ":")):
+                pts = [(h["step"], h[which].get(key)) for h in history if h[which].get(key) is not None]
+                if pts:
+                    ax.plot(*zip(*pts), ls=style, marker="o", ms=3, lw=1, label=f"seed{r['seed']} {which}")
+    for ax, title in zip(axes, ("status accuracy", "within-task Spearman")):
+        ax.set_title(f"held-back anchor scripts: {title}")
+        ax.set_xlabel("training step")
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     return save_figure(fig, path)
 
 

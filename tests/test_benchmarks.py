@@ -72,6 +72,7 @@ def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
         assert shadow["summary"]["executions"] == sum(r["n"] for r in shadow["records"])
         assert "raw_gap_end" in summary["arms"][arm]["shadow"]
     assert "shadow" not in arms["real"] and "shadow" not in summary["arms"]["real"]
+    assert (run_dir / "shadow_gap.png").stat().st_size > 0
     # The raw world-model arm never executes; WMRL executes only its anchor groups.
     assert arms["wm"]["real_executions"] == 0 and arms["real"]["real_executions"] > 0
     assert arms["wm"]["cache_runs"] == 0 and arms["real"]["cache_runs"] + arms["real"]["cache_hits"] > 0
@@ -115,6 +116,17 @@ def test_anchor_fields_read_what_the_wmrl_arms_anchors_bought():
     assert got["anchor_weight_mean"] == pytest.approx(5.5 / 4)
     assert got["anchor_weight_trajectory"] == [[1, 1.0, None], [3, 2.0, 0.3], [4, 1.5, None]]
     assert set(anchor_fields("wm", history, 20.0).values()) == {None}
+
+
+def test_wm_update_plot_draws_both_models_per_refit(tmp_path):
+    from benchmarks.speedup import _plot_wm_updates
+
+    fidelity = {"status_accuracy": 0.8, "spearman_within_task": 0.5}
+    history = [
+        {"step": s, "initial": fidelity, "updated": {**fidelity, "status_accuracy": 0.8 + s / 100}} for s in (10, 20)
+    ]
+    path = _plot_wm_updates([{"arm": "wmrl", "seed": 0, "wm_updates": {"history": history}}], tmp_path / "u.png")
+    assert path.stat().st_size > 0
 
 
 def test_speedup_config_refuses_bad_anchor_and_calibration_settings():
