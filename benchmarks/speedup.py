@@ -763,8 +763,9 @@ def build_summary(
             # against the raw world model's own curve: do the corrections buy anything? (both
             # arms use the same world model, so no one-off cost is added to either)
             raw = {r["seed"]: r for r in rows if r["arm"] == "wm"}
-            versus = [reach_ratios(raw[r["seed"]]["curve"], r["curve"]) for r in mine if r["seed"] in raw]
-            entry.update(_ratio_entries("reach_vs_wm_", versus))
+            if raw:
+                versus = [reach_ratios(raw[r["seed"]]["curve"], r["curve"]) for r in mine if r["seed"] in raw]
+                entry.update(_ratio_entries("reach_vs_wm_", versus))
         arms[arm] = entry
     return {
         "seeds": list(config.seeds),
