@@ -696,7 +696,7 @@ def _finish(
         plots.append(str(_plot_monitor(histories, config, run_dir / "monitor.png")))
     if any(r.get("shadow") for r in rows):
         plots.append(str(_plot_shadow(rows, run_dir / "shadow_gap.png")))
-    if any(r.get("wm_updates") for r in rows):
+    if any((r.get("wm_updates") or {}).get("history") for r in rows):  # at least one refit to show
         plots.append(str(_plot_wm_updates(rows, run_dir / "wm_updates.png")))
     result["plots"] = plots
     return {**write_results(run_dir, result, tables(result)), "histories": histories}
