@@ -40,4 +40,5 @@ OTHER_SCRIPTS = {
     "agent_step_cost": "cost of one GRPO step of the LLM agent by phase",
     "llm_step_components": "SmolLM2 step components: generation tokens/s, full vs LoRA update s and peak RSS",
     "libero_throughput": "LIBERO env step throughput",
+    "vla_decision_cost": "CPU per LIBERO-Long episode of a MiniVLA by action-chunk length",
 }

@@ -3,8 +3,9 @@
 For each policy -- ``expert`` (scripted, privileged object poses), ``random`` (uniform
 actions), or a MiniVLA checkpoint directory (an SFT or GRPO run's ``checkpoint/``) -- and each
 task, ``trials`` episodes per initial state on the real simulator; ID = init states 0-15
-(where GRPO trains), OOD = 16-49. Success is the simulator's own check. The seed of every
-row is recorded.
+(where GRPO trains), OOD = 16-49. Success is the simulator's own check; every rate has its
+Wilson 95% interval, per task and pooled over tasks (``overall``). The seed of every row is
+recorded.
 
 Run: ``wmrl-bench vla --policies expert random runs/vla/sft/checkpoint --tasks 7
 --id-init-states 0 1 2 3 --ood-init-states 16 17 --trials 2``. A paper-scale table (10 tasks x
@@ -42,8 +43,8 @@ class VLAEvalConfig:
         action_repeat: env steps each decision is held for.
         image_size: side of the camera views.
         max_episode_steps: episode limit (LIBERO-Long: 520).
-        env_cameras: views from the env's camera observations, as in the demonstrations
-            (see :class:`agents.vla.evaluate.EvalConfig`; default True).
+        env_cameras: views from the env's camera observations instead of rendered at decision
+            steps as the demonstrations are (see :class:`agents.vla.evaluate.EvalConfig`).
         seed: seed of sampling and resets.
     """
 
@@ -56,7 +57,7 @@ class VLAEvalConfig:
     action_repeat: int = 4
     image_size: int = 64
     max_episode_steps: int = 520
-    env_cameras: bool = True
+    env_cameras: bool = False
     seed: int = 0
 
 
@@ -67,7 +68,7 @@ def run(config: VLAEvalConfig, run_dir: Path, *, progress: bool = True) -> dict[
     """Every policy x task x split; writes ``results.json`` and ``results.md``."""
     import torch
 
-    from agents.vla.evaluate import evaluate_tasks, markdown_table
+    from agents.vla.evaluate import evaluate_tasks, markdown_table, overall_rows
 
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -89,10 +90,13 @@ def run(config: VLAEvalConfig, run_dir: Path, *, progress: bool = True) -> dict[
         "config": config_to_dict(config),
         "machine": machine_summary(),
         "rows": rows,
+        "overall": overall_rows(rows),
         "total_wall_s": time.perf_counter() - started,
     }
     markdown = (
         f"## LIBERO-Long agents (trials per init state: {config.trials}, seed {config.seed})\n\n"
         + markdown_table(rows, config.trials)
+        + "\n\nPooled over tasks (Wilson 95% intervals):\n\n"
+        + markdown_table(result["overall"], config.trials)
     )
     return write_results(run_dir, result, markdown)

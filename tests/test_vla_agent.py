@@ -269,8 +269,103 @@ def test_evaluation_protocol_on_toy_env():
     assert 0.0 <= out["all_at_k"] <= out["avg"] <= out["best_at_k"] <= 1.0 or out["avg"] == 0.0
     assert success_metrics({0: [True, True], 1: [False, False]}) == {
         "avg": 0.5,
+        "successes": 2,
+        "avg_ci95": [0.15, 0.85],
         "best_at_k": 0.5,
         "all_at_k": 0.5,
         "init_states": 2,
         "episodes": 4,
     }
+
+
+# -- action chunks ---------------------------------------------------------------------------
+
+
+def test_chunked_policy_samples_k_actions_per_decision_and_recomputes_their_logprobs():
+    torch.manual_seed(0)
+    model = MiniVLA(MiniVLAConfig.tiny(**TINY, action_chunk=3)).eval()
+    first, _ = ToyReach().reset(options={"init_state": 0})
+    obs = collate([first, {**first, "instruction": "reach right now"}])
+    out = model.act(obs, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert (
+        out.actions.shape == (2, 3, 7) and tuple(out.tokens.shape) == (2, 21) and tuple(out.logprobs.shape) == (2, 21)
+    )
+    assert torch.allclose(model.token_logprobs(obs, out.tokens), out.logprobs, atol=1e-4)
+    # chunks round-trip through the tokens (bins of width 2/255; the gripper is binarised)
+    chunks = np.random.default_rng(0).uniform(-0.9, 0.9, (4, 3, 7)).astype(np.float32)
+    decoded = model.decode(model.encode_actions(chunks))
+    assert decoded.shape == (4, 3, 7) and np.abs(decoded[..., :6] - chunks[..., :6]).max() <= 1 / 255 + 1e-6
+    assert (decoded[..., 6] == np.where(chunks[..., 6] > 0, 1.0, -1.0)).all()
+    with pytest.raises(ValueError, match="action_chunk=3"):
+        model.encode_actions(chunks[:, 0])
+    with pytest.raises(ValueError, match="action_chunk"):
+        MiniVLAConfig.tiny(**TINY, action_chunk=0)
+
+
+class _ChunkPolicy:
+    """Always the same chunk: action k moves x by 0.1 * (k + 1) per env step."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def act(self, obs, temperature=1.0, generator=None):
+        from types import SimpleNamespace
+
+        chunk = np.zeros((1, self.k, 7), np.float32)
+        chunk[0, :, 0] = 0.1 * np.arange(1, self.k + 1)
+        return SimpleNamespace(
+            actions=chunk, tokens=torch.zeros((1, 7 * self.k), dtype=torch.long), logprobs=torch.zeros((1, 7 * self.k))
+        )
+
+
+def test_rollout_executes_a_chunk_open_loop_with_one_row_per_decision():
+    env = ToyReach(horizon=13)
+    (ep,) = run_group(env, _ChunkPolicy(3), "g", 0, 1, action_repeat=2)
+    # decisions at steps 0 and 6 (3 actions x 2 repeats each); step 12 is the graded one
+    assert ep.steps == 13 and len(ep.rows) == 2 and ep.token_tensor().shape == (2, 21)
+    assert env.states == pytest.approx(np.cumsum([0.0] + [0.01, 0.01, 0.02, 0.02, 0.03, 0.03] * 2).tolist())
+
+
+def _instructed_demo(instruction: str, value: float, n: int = 10) -> DemoEpisode:
+    rng = np.random.default_rng(0)  # every task shows the same images: only the words differ
+    a = np.full((n, 7), value, np.float32)
+    a[:, -1] = 1.0
+    return DemoEpisode(
+        instruction,
+        rng.integers(0, 255, (n, SIZE, SIZE, 3), dtype=np.uint8),
+        rng.integers(0, 255, (n, SIZE, SIZE, 3), dtype=np.uint8),
+        np.zeros((n, 9), np.float32),
+        a,
+        {"task": instruction},
+    )
+
+
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_multitask_sft_conditions_on_the_instruction(tmp_path, chunk):
+    tasks = {"put the soup in the basket": 0.6, "put the mug on the plate": -0.6}
+    data = DemoDataset([_instructed_demo(text, v) for text, v in tasks.items()])
+    config = SFTConfig(
+        output_dir=str(tmp_path / "sft"),
+        steps=60,
+        batch_size=16,
+        learning_rate=3e-3,
+        warmup_steps=5,
+        shift=0,
+        tensorboard=False,
+        progress=False,
+        action_chunk=chunk,
+        **TINY,
+    )
+    result = train_sft(config, data)
+    model = MiniVLA.load(result["checkpoint"])
+    assert model.config.action_chunk == chunk
+    ep = data.episodes[0]
+    for text, value in tasks.items():
+        obs = {
+            "agentview_image": ep.agentview[:1],
+            "wrist_image": ep.wrist[:1],
+            "proprio": ep.proprio[:1],
+            "instruction": [text],
+        }
+        moves = np.asarray(model.act(obs, temperature=0.0).actions).reshape(-1, 7)[:, :6]
+        assert np.sign(moves).tolist() == [[np.sign(value)] * 6] * chunk, (text, moves)

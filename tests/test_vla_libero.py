@@ -68,15 +68,35 @@ def test_evaluate_tasks_gives_a_row_per_policy_and_nonempty_split(env_cameras):
 
 
 @pytest.mark.parametrize("env_cameras", [True, False])
-def test_train_env_views_come_from_the_env_cameras_like_the_demos(env_cameras):
+def test_train_env_views_are_rendered_at_decision_steps_like_the_demos_unless_env_cameras(env_cameras):
     from agents.vla.__main__ import build_env
 
     env = build_env(7, "real", max_episode_steps=8, env_cameras=env_cameras, image_size=32)
     try:
         obs, _ = env.reset(seed=0, options={"init_state": 0})
-        if env_cameras:  # what demos record: the env's own camera observations
+        if env_cameras:  # the env's own camera observations, rendered every step
             assert obs["agentview_image"].shape == (32, 32, 3) and obs["wrist_image"].shape == (32, 32, 3)
-        else:  # rendered on demand at decision steps (agents.vla.rollout.add_views)
+        else:  # rendered on demand at decision steps (agents.vla.rollout.add_views), as demos record
             assert "agentview_image" not in obs and env.unwrapped.render_mode == "rgb_array"
     finally:
         env.close()
+
+
+def test_demo_cache_resumes_and_its_manifest_reproduces_a_demo_byte_for_byte(tmp_path):
+    from agents.vla.demos import DemoCache
+
+    cache = DemoCache(tmp_path / "demos")
+    short = dict(noise_std=0.1, image_size=32, max_episode_steps=12)  # 3 decisions: never a success
+    first = cache.collect([7], [0, 1], per_init=1, progress=False, **short)
+    assert [(r["init_state"], r["seed"]) for r in first] == [(0, 0), (1, 0)]
+    assert all(r["frames"] == 3 and not r["success"] and r["file"] is None for r in first)
+    # a rerun asking for more skips what the manifest holds: only the seed-1 tries run
+    more = cache.collect([7], [0, 1], per_init=2, progress=False, **short)
+    assert [(r["init_state"], r["seed"]) for r in more] == [(0, 1), (1, 1)]
+    records = cache.records()
+    assert len(records) == 4 and len({r["digest"] for r in records}) == 4  # init and noise seed both matter
+    episode, same = DemoCache.reproduce(records[2])
+    assert same and episode.agentview.shape == (3, 32, 32, 3) and episode.meta["seed"] == 1
+    assert cache.paths() == []
+    with pytest.raises(FileNotFoundError, match="no demonstrations"):
+        cache.load()

@@ -3,7 +3,7 @@
 ::
 
     python -m agents.vla expert   --tasks 7 0 --init-states 0 1 2 3            # scripted-expert success table
-    python -m agents.vla demos    --task 7 --init-states 0 1 2 3 --out runs/vla/demos_task7.npz
+    python -m agents.vla demos    --tasks 0 1 4 5 6 7 --init-states 0 1 2 3 --per-init 2   # resumable, into a cache
     python -m agents.vla sft      --demos runs/vla/demos_task7.npz --steps 1000 --output-dir runs/vla/sft --eval-task 7
     python -m agents.vla train    --checkpoint runs/vla/sft/checkpoint --stack wmrl --task 7 --total-steps 2
     python -m agents.vla evaluate --policy runs/vla/grpo-wmrl/checkpoint --tasks 7 --init-states 16 17 --trials 8
@@ -54,32 +54,36 @@ class ExpertRun:
 
 @dataclass
 class DemosRun:
-    """Settings of ``python -m agents.vla demos``: scripted-expert demonstrations.
-
-    Only episodes the simulator marks successful are kept.
+    """Settings of ``python -m agents.vla demos``: scripted-expert demonstrations of many tasks
+    into a cache directory (:class:`~agents.vla.demos.DemoCache`), resumable: a rerun skips the
+    tries its manifest already holds. Only episodes the simulator marks successful are kept;
+    every try is recorded in the manifest.
 
     Attributes:
-        task: LIBERO-Long task index.
-        init_states: initial states to demonstrate from.
-        per_init: episodes tried per initial state.
+        tasks: LIBERO-Long task indices (default: the six the expert solves, docs/vla.md).
+        init_states: initial states to demonstrate from (LIBERO's training states 0-15).
+        per_init: episodes tried per task and initial state (seeds ``seed`` .. ``seed + per_init - 1``).
         noise_std: std of the Gaussian noise added to executed actions (DART-style; the
             recorded label is the expert's clean action).
         image_size: side of the recorded camera views.
         action_repeat: env steps each decision is held for (the policy's decision rate).
         max_episode_steps: episode limit.
-        seed: seed of the noise.
-        out: the ``.npz`` file written (after every kept episode, so a killed run keeps them).
+        seed: seed of the first try per initial state.
+        cache_dir: where the episodes go (default ``$WMRL_CACHE/vla-demos``).
+        manifest: the manifest (default ``cache_dir/manifest.jsonl``; the committed one is
+            ``docs/results/vla/demo_manifest.jsonl``).
     """
 
-    task: int = 7
+    tasks: tuple[int, ...] = (0, 1, 4, 5, 6, 7)
     init_states: tuple[int, ...] = tuple(range(16))
     per_init: int = 1
-    noise_std: float = 0.1
+    noise_std: float = 0.05
     image_size: int = 64
     action_repeat: int = 4
     max_episode_steps: int = 600
     seed: int = 0
-    out: str = "runs/vla/demos.npz"
+    cache_dir: str | None = None
+    manifest: str | None = None
 
 
 @dataclass
@@ -95,9 +99,9 @@ class TrainSetup:
         wm_mode: dense reward of the world model (``potential``, ``final``, ``max``, ``success``).
         anchor_fraction: share of anchor groups (``wmrl``).
         max_episode_steps: env steps per episode (LIBERO-Long: 520).
-        env_cameras: views from the env's camera observations, as the demonstrations were
-            recorded (default True); ``False`` renders them at decision steps only (cheaper,
-            slightly different images: see ``agents.vla.evaluate.EvalConfig``).
+        env_cameras: views from the env's camera observations (rendered every env step);
+            default ``False``: rendered at decision steps only, as the demonstrations are
+            (see ``agents.vla.evaluate.EvalConfig``).
         threads: torch CPU threads.
     """
 
@@ -108,7 +112,7 @@ class TrainSetup:
     wm_mode: str = "potential"
     anchor_fraction: float = 0.10
     max_episode_steps: int = 520
-    env_cameras: bool = True
+    env_cameras: bool = False
     threads: int = 1
 
 
@@ -122,11 +126,11 @@ def build_env(
     max_episode_steps: int = 520,
     calibration: Any = None,
     seed: int = 0,
-    env_cameras: bool = True,
+    env_cameras: bool = False,
     image_size: int = 64,
 ) -> Any:
-    """A single LIBERO-Long env wrapped as ``stack``: camera views in every observation
-    (``env_cameras``), or state-only steps with views rendered on demand."""
+    """A single LIBERO-Long env wrapped as ``stack``: state-only steps with views rendered at
+    decision steps, or camera views in every observation (``env_cameras``)."""
     from agents.vla.evaluate import policy_env
     from wmrl_envs.world_models.progress import ProgressOutcomeModel
     from wmrl_envs.world_models.progress_learned import StateProgressModel
@@ -171,22 +175,33 @@ def _cmd_expert(args: argparse.Namespace) -> int:
 
 
 def _cmd_demos(args: argparse.Namespace) -> int:
-    from agents.vla.demos import collect_demos
+    from agents.vla.demos import DemoCache, default_demo_cache
 
     config = build_config(DemosRun, {}, args)
-    data, records = collect_demos(
-        config.task,
+    cache = DemoCache(Path(config.cache_dir) if config.cache_dir else default_demo_cache(), config.manifest)
+    new = cache.collect(
+        config.tasks,
         config.init_states,
         per_init=config.per_init,
         noise_std=config.noise_std,
-        image_size=config.image_size,
         seed=config.seed,
+        image_size=config.image_size,
         action_repeat=config.action_repeat,
         max_episode_steps=config.max_episode_steps,
-        save_to=config.out,
     )
-    data.save(config.out)
-    print(json.dumps({"kept": len(data), "tried": len(records), "frames": data.frames, "out": config.out}))
+    records = cache.records()
+    print(
+        json.dumps(
+            {
+                "new_tries": len(new),
+                "new_kept": sum(r["success"] for r in new),
+                "tries": len(records),
+                "kept": sum(r["success"] for r in records),
+                "cache_dir": str(cache.root),
+                "manifest": str(cache.manifest),
+            }
+        )
+    )
     return 0
 
 

@@ -1,14 +1,16 @@
 """Demonstrations for SFT: scripted-expert episodes on the real simulator, saved compressed.
 
-:func:`collect_demos` runs :func:`~agents.vla.expert.run_expert` with DART noise on a
-camera-enabled :class:`~wmrl_envs.libero.env.LiberoLongEnv` and keeps only the episodes the
-*simulator* marks successful (``info["success"]`` of the graded final step). Goal-placer
+:func:`demonstrate` runs :func:`~agents.vla.expert.run_expert` with DART noise on a
+state-only :class:`~wmrl_envs.libero.env.LiberoLongEnv`, rendering the two camera views at
+decision steps only (what the policy sees); :class:`DemoCache` (many tasks, one file per
+episode in a cache directory, a committed manifest, resumable) keeps only the episodes the *simulator* marks successful
+(``info["success"]`` of the graded final step). Goal-placer
 episodes (:func:`wmrl_envs.libero.goals.achieve_goal`, which teleports objects) are never
 demonstrations: nothing here calls it. :func:`load_libero_hdf5` reads the original LIBERO
 HDF5 demonstrations instead (optional ``h5py``).
 
-Classes: :class:`DemoEpisode`, :class:`DemoDataset`. Functions: :func:`collect_demos`,
-:func:`load_libero_hdf5`.
+Classes: :class:`DemoEpisode`, :class:`DemoDataset`, :class:`DemoCache`. Functions: :func:`demonstrate`,
+:func:`episode_digest`, :func:`default_demo_cache`, :func:`load_libero_hdf5`.
 
 >>> ep = DemoEpisode("open the drawer", np.zeros((3, 8, 8, 3), np.uint8), np.zeros((3, 8, 8, 3), np.uint8),
 ...                  np.zeros((3, 9), np.float32), np.zeros((3, 7), np.float32), {"task": 3})
@@ -21,9 +23,11 @@ Classes: :class:`DemoEpisode`, :class:`DemoDataset`. Functions: :func:`collect_d
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +36,16 @@ import numpy as np
 
 from agents.vla.tokenizer import dataset_statistics
 
-__all__ = ["DemoEpisode", "DemoDataset", "collect_demos", "load_libero_hdf5", "merge"]
+__all__ = [
+    "DemoEpisode",
+    "DemoDataset",
+    "DemoCache",
+    "demonstrate",
+    "episode_digest",
+    "default_demo_cache",
+    "load_libero_hdf5",
+    "merge",
+]
 
 
 @dataclass
@@ -118,81 +131,220 @@ class DemoDataset:
         return stats
 
 
-def collect_demos(
-    task_id: int,
-    init_states: Iterable[int],
-    *,
-    per_init: int = 1,
-    noise_std: float = 0.15,
-    image_size: int = 64,
-    max_episode_steps: int = 600,
-    seed: int = 0,
-    action_repeat: int = 4,
-    log: Any = print,
-    save_to: str | Path | None = None,
-) -> tuple[DemoDataset, list[dict[str, Any]]]:
-    """Scripted-expert demonstrations of one task; returns the kept episodes and a record per try.
+def episode_digest(episode: DemoEpisode) -> str:
+    """SHA-256 of a demonstration's instruction and arrays (shape, dtype and bytes): two
+    episodes with the same digest are byte-for-byte the same demonstration."""
+    h = hashlib.sha256(episode.instruction.encode())
+    for a in (episode.agentview, episode.wrist, episode.proprio, episode.actions):
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.shape}{a.dtype}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
-    Each try is ``(init_state, k)`` with seed ``seed + k``; only tries the simulator marks
-    successful are kept. One recorded frame per decision (each held ``action_repeat`` env
-    steps), its views the env's camera observations (the env renders every step; evaluate
-    with ``env_cameras=True`` to show a policy the same kind of image).
-    """
+
+def demonstrate(
+    env: Any,
+    init_state: int,
+    *,
+    seed: int,
+    noise_std: float,
+    image_size: int = 64,
+    action_repeat: int = 4,
+) -> tuple[DemoEpisode, bool, int]:
+    """One scripted-expert episode of ``env`` (a state-only
+    :class:`~wmrl_envs.libero.env.LiberoLongEnv`, ``cameras=False``) from ``init_state``,
+    recorded whether it succeeds or not: ``(episode, success, env steps)``.
+
+    One frame per decision (each held ``action_repeat`` env steps), its two camera views
+    rendered at that decision (:func:`agents.vla.rollout.add_views`: what the policy sees in
+    GRPO rollouts and evaluation). The expert's noise is seeded by ``(seed, init_state)`` and
+    the env is reset with ``seed``, so the same arguments give the same demonstration."""
     from agents.vla.expert import ExpertConfig, run_expert
+
+    base = env.unwrapped
+    result = run_expert(
+        env,
+        init_state,
+        ExpertConfig(noise_std=noise_std),
+        seed=seed,
+        record=True,
+        action_repeat=action_repeat,
+        image_size=image_size,
+    )
+    obs = result.observations
+    episode = DemoEpisode(
+        base.task.instruction,
+        np.stack([o["agentview_image"] for o in obs]),
+        np.stack([o["wrist_image"] for o in obs]),
+        np.stack([o["proprio"] for o in obs]).astype(np.float32),
+        np.stack(result.actions).astype(np.float32),
+        {
+            "task": base.task.index,
+            "init_state": int(init_state),
+            "seed": int(seed),
+            "noise_std": float(noise_std),
+            "action_repeat": int(action_repeat),
+            "source": "scripted-expert",
+        },
+    )
+    return episode, bool(result.success), int(result.steps)
+
+
+def _demo_env(task_id: int, image_size: int, max_episode_steps: int) -> Any:
     from wmrl_envs.libero.env import LiberoLongEnv
 
-    env = LiberoLongEnv(
-        task_id=task_id, cameras=True, image_size=image_size, record_frames=False, max_episode_steps=max_episode_steps
+    return LiberoLongEnv(
+        task_id=task_id,
+        cameras=False,
+        render_mode="rgb_array",
+        image_size=image_size,
+        record_frames=False,
+        max_episode_steps=max_episode_steps,
     )
-    dataset, records = DemoDataset(), []
-    try:
-        for init in init_states:
-            for k in range(per_init):
-                t0 = time.perf_counter()
-                result = run_expert(
-                    env,
-                    init,
-                    ExpertConfig(noise_std=noise_std),
-                    seed=seed + k,
-                    record=True,
-                    action_repeat=action_repeat,
-                    image_size=image_size,
+
+
+def default_demo_cache() -> Path:
+    """``$WMRL_CACHE/vla-demos`` (default ``~/.cache/wmrl/vla-demos``): demonstrations are data,
+    not source; only their manifest is committed."""
+    return Path(os.environ.get("WMRL_CACHE", Path.home() / ".cache" / "wmrl")) / "vla-demos"
+
+
+@dataclass
+class DemoCache:
+    """Demonstrations of many tasks in a cache directory, one ``.npz`` per kept episode, and a
+    JSONL manifest with one record per try (kept or not): task, init state, seed, noise,
+    decision rate, image size, episode limit, success, steps, frames, CPU seconds and the
+    episode's :func:`episode_digest`. :meth:`collect` skips the tries the manifest already
+    holds, so a killed run continues where it stopped; :meth:`reproduce` re-runs a record's
+    try and checks it is byte-for-byte the same demonstration.
+
+    Attributes:
+        root: the cache directory (:func:`default_demo_cache`).
+        manifest: the manifest file (default ``root/manifest.jsonl``; commit it to make the set
+            reproducible).
+    """
+
+    root: Path = field(default_factory=default_demo_cache)
+    manifest: Path | None = None
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+        self.manifest = Path(self.manifest) if self.manifest is not None else self.root / "manifest.jsonl"
+
+    @staticmethod
+    def try_key(task: int, init_state: int, seed: int, noise_std: float, action_repeat: int, image_size: int) -> str:
+        """The file stem of one try (also its identity in the manifest)."""
+        return f"task{task}/init{init_state:02d}-seed{seed}-noise{noise_std:g}-repeat{action_repeat}-px{image_size}"
+
+    def records(self) -> list[dict[str, Any]]:
+        assert self.manifest is not None
+        if not self.manifest.is_file():
+            return []
+        return [json.loads(line) for line in self.manifest.read_text().splitlines() if line.strip()]
+
+    def collect(
+        self,
+        tasks: Sequence[int],
+        init_states: Sequence[int],
+        *,
+        per_init: int = 1,
+        noise_std: float = 0.05,
+        seed: int = 0,
+        image_size: int = 64,
+        action_repeat: int = 4,
+        max_episode_steps: int = 600,
+        progress: bool = True,
+    ) -> list[dict[str, Any]]:
+        """Run every try ``(task, init, seed + k)`` the manifest does not hold yet; returns the
+        new records. Each record is appended (and its episode saved) as soon as it is done."""
+        from tqdm.auto import tqdm
+
+        assert self.manifest is not None
+        done = {r["key"] for r in self.records()}
+        todo = [
+            (t, i, seed + k)
+            for t in tasks
+            for i in init_states
+            for k in range(per_init)
+            if self.try_key(t, i, seed + k, noise_std, action_repeat, image_size) not in done
+        ]
+        self.manifest.parent.mkdir(parents=True, exist_ok=True)
+        new: list[dict[str, Any]] = []
+        env, env_task = None, None
+        bar = tqdm(todo, desc="demos", disable=not progress)
+        try:
+            for task, init, try_seed in bar:
+                if env_task != task:
+                    if env is not None:
+                        env.close()
+                    env, env_task = _demo_env(task, image_size, max_episode_steps), task
+                t0 = time.process_time()
+                episode, success, steps = demonstrate(
+                    env, init, seed=try_seed, noise_std=noise_std, image_size=image_size, action_repeat=action_repeat
                 )
-                rec = {
-                    "task": task_id,
-                    "init_state": int(init),
-                    "try": k,
-                    "success": result.success,
-                    "steps": result.steps,
-                    "seconds": round(time.perf_counter() - t0, 1),
+                key = self.try_key(task, init, try_seed, noise_std, action_repeat, image_size)
+                record = {
+                    "key": key,
+                    "task": task,
+                    "init_state": init,
+                    "seed": try_seed,
+                    "noise_std": noise_std,
+                    "action_repeat": action_repeat,
+                    "image_size": image_size,
+                    "max_episode_steps": max_episode_steps,
+                    "success": success,
+                    "steps": steps,
+                    "frames": len(episode),
+                    "cpu_s": round(time.process_time() - t0, 1),
+                    "digest": episode_digest(episode),
+                    "file": f"{key}.npz" if success else None,
                 }
-                records.append(rec)
-                log(json.dumps(rec))
-                if not result.success:
-                    continue
-                obs = result.observations
-                dataset.episodes.append(
-                    DemoEpisode(
-                        env.task.instruction,
-                        np.stack([o["agentview_image"] for o in obs]),
-                        np.stack([o["wrist_image"] for o in obs]),
-                        np.stack([o["proprio"] for o in obs]).astype(np.float32),
-                        np.stack(result.actions).astype(np.float32),
-                        {
-                            "task": task_id,
-                            "init_state": int(init),
-                            "seed": seed + k,
-                            "noise_std": noise_std,
-                            "action_repeat": action_repeat,
-                            "source": "scripted-expert",
-                        },
-                    )
-                )
-                if save_to is not None:
-                    dataset.save(save_to)
-    finally:
-        env.close()
-    return dataset, records
+                if success:
+                    DemoDataset([episode]).save(self.root / record["file"])
+                with open(self.manifest, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+                new.append(record)
+                bar.set_postfix(task=task, kept=sum(r["success"] for r in new), of=len(new))
+        finally:
+            bar.close()
+            if env is not None:
+                env.close()
+        return new
+
+    def paths(self, tasks: Sequence[int] | None = None) -> list[Path]:
+        """The kept episodes' files (of ``tasks`` only, when given) that exist in the cache."""
+        return [
+            self.root / r["file"]
+            for r in self.records()
+            if r["success"] and (tasks is None or r["task"] in tasks) and (self.root / r["file"]).is_file()
+        ]
+
+    def load(self, tasks: Sequence[int] | None = None) -> DemoDataset:
+        """Every kept episode (of ``tasks``) as one dataset."""
+        paths = self.paths(tasks)
+        if not paths:
+            raise FileNotFoundError(
+                f"no demonstrations in {self.root} (manifest {self.manifest}); run `python -m agents.vla demos`"
+            )
+        return DemoDataset.load(*paths)
+
+    @staticmethod
+    def reproduce(record: Mapping[str, Any]) -> tuple[DemoEpisode, bool]:
+        """Re-run a manifest record's try: ``(episode, same)`` where ``same`` says its digest
+        and success equal the record's."""
+        env = _demo_env(int(record["task"]), int(record["image_size"]), int(record["max_episode_steps"]))
+        try:
+            episode, success, _ = demonstrate(
+                env,
+                int(record["init_state"]),
+                seed=int(record["seed"]),
+                noise_std=float(record["noise_std"]),
+                image_size=int(record["image_size"]),
+                action_repeat=int(record["action_repeat"]),
+            )
+        finally:
+            env.close()
+        return episode, episode_digest(episode) == record["digest"] and success == record["success"]
 
 
 def load_libero_hdf5(

@@ -5,7 +5,9 @@ Architecture (Prismatic / MiniVLA): each camera image goes through a SigLIP visi
 channel dimension, as Prismatic's ``dinosiglip`` backbones do; features of the second-to-last
 layer), an MLP projector maps patch features to the LM's width, and a Qwen2 causal LM reads
 ``[BOS] [patches of every camera] [proprio token] [instruction tokens]`` and then predicts the
-7 action tokens one by one. Action tokens are the last 256 ids of the LM vocabulary
+7 action tokens one by one -- or, with ``action_chunk = K > 1``, the ``7 K`` tokens of the next
+``K`` actions (an action chunk: one decision, one pair of renders and one prefix pass per
+``K`` actions; the extra tokens cost only cached decode steps). Action tokens are the last 256 ids of the LM vocabulary
 (:class:`~agents.vla.tokenizer.ActionTokenizer`). Every module is a ``transformers`` model
 built from a config (no timm / torchvision), so the same code runs at CPU-trainable size
 (:meth:`MiniVLAConfig.tiny`, ~5-20M parameters) and at full size
@@ -106,6 +108,9 @@ class MiniVLAConfig:
             Hugging Face tokenizer is used (full-size checkpoints).
         prompt: the instruction template (``{instruction}`` is replaced).
         gripper_mode: :func:`~agents.vla.tokenizer.postprocess_gripper` mode of decoded actions.
+        action_chunk: actions predicted per decision (1: OpenVLA's one action; ``K > 1``:
+            the next ``K`` actions, binned like one, executed open loop before the next
+            decision). Default 1.
     """
 
     siglip: dict[str, Any] = field(default_factory=dict)
@@ -121,6 +126,16 @@ class MiniVLAConfig:
     text_vocab_size: int | None = 1024
     prompt: str = "{instruction}"
     gripper_mode: GripperMode = "binarize"
+    action_chunk: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.action_chunk, int) or self.action_chunk < 1:
+            raise ValueError(f"action_chunk must be an int >= 1, got {self.action_chunk!r}")
+
+    @property
+    def tokens_per_decision(self) -> int:
+        """Action tokens sampled per decision: ``action_chunk * action_dim``."""
+        return self.action_chunk * self.action_dim
 
     @classmethod
     def tiny(
@@ -176,9 +191,10 @@ class ActOutput:
     """What :meth:`MiniVLA.act` returns for a batch of ``B`` observations.
 
     Attributes:
-        actions: ``(B, action_dim)`` float32 env actions (unnormalised, gripper post-processed).
-        tokens: ``(B, action_dim)`` int64 sampled action-token ids.
-        logprobs: ``(B, action_dim)`` float32 log-probabilities of the tokens under the masked,
+        actions: ``(B, action_dim)`` float32 env actions (unnormalised, gripper post-processed);
+            ``(B, K, action_dim)`` for a model with ``action_chunk = K > 1``.
+        tokens: ``(B, T)`` int64 sampled action-token ids (``T = K * action_dim``).
+        logprobs: ``(B, T)`` float32 log-probabilities of the tokens under the masked,
             temperature-scaled action distribution (detached).
     """
 
@@ -353,7 +369,8 @@ class MiniVLA(nn.Module):
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
     ) -> ActOutput:
-        """Sample one action per observation (``temperature=0``: greedy; log-probs then at T=1)."""
+        """Sample one action (or one chunk of ``action_chunk`` actions) per observation
+        (``temperature=0``: greedy; log-probs then at T=1)."""
         batch = collate(obs) if not isinstance(obs, Mapping) else obs
         embeds, mask = self.prefix(batch)
         embed = self.llm.get_input_embeddings()
@@ -362,7 +379,8 @@ class MiniVLA(nn.Module):
         past = out.cache
         logits = out.logits[:, -1]
         t = temperature if temperature > 0 else 1.0
-        for d in range(self.config.action_dim):
+        n_tokens = self.config.tokens_per_decision
+        for d in range(n_tokens):
             logp = torch.log_softmax(self._action_logits(logits, t), dim=-1)
             if temperature > 0:
                 idx = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
@@ -370,7 +388,7 @@ class MiniVLA(nn.Module):
                 idx = logp.argmax(-1)
             tokens.append(idx + self.action_tokenizer.action_token_begin)
             logps.append(logp.gather(1, idx[:, None]).squeeze(1))
-            if d + 1 < self.config.action_dim:
+            if d + 1 < n_tokens:
                 mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
                 out = self._forward(embed(tokens[-1])[:, None], mask, past=past, start=torch.zeros(1))
                 past, logits = out.cache, out.logits[:, -1]
@@ -378,18 +396,28 @@ class MiniVLA(nn.Module):
         return ActOutput(self.decode(tok.cpu().numpy()), tok.cpu(), torch.stack(logps, 1).cpu())
 
     def decode(self, tokens: np.ndarray) -> np.ndarray:
-        """Env actions from action tokens: bin centres, unnormalised, gripper post-processed."""
+        """Env actions from action tokens: bin centres, unnormalised, gripper post-processed;
+        ``(B, K, action_dim)`` for a chunked model."""
         a = self.action_tokenizer.decode(tokens)
+        if self.config.action_chunk > 1:
+            a = a.reshape(a.shape[0], self.config.action_chunk, self.config.action_dim)
         if self.normalizer is not None:
             a = self.normalizer.unnormalize(a)
         return postprocess_gripper(a, self.config.gripper_mode)
 
     def encode_actions(self, actions: np.ndarray) -> np.ndarray:
-        """Action tokens of env actions (normalised with the statistics first)."""
+        """``(B, tokens_per_decision)`` action tokens of env actions (normalised with the
+        statistics first): ``(B, action_dim)`` actions, or ``(B, K, action_dim)`` chunks for a
+        chunked model."""
         a = np.asarray(actions, dtype=np.float32)
+        want = (self.config.action_chunk, self.config.action_dim)
+        if self.config.action_chunk > 1 and a.shape[1:] != want:
+            raise ValueError(
+                f"a model with action_chunk={want[0]} encodes (B, {want[0]}, {want[1]}) chunks, got {a.shape}"
+            )
         if self.normalizer is not None:
             a = self.normalizer.normalize(a)
-        return self.action_tokenizer.encode(a)
+        return self.action_tokenizer.encode(a).reshape(a.shape[0], -1)
 
     def action_logits(
         self, obs: Mapping[str, Any] | Sequence[Mapping[str, Any]], tokens: torch.Tensor, temperature: float = 1.0

@@ -115,7 +115,7 @@ class RolloutTimes:
 @dataclass
 class VLAEpisode:
     """One rollout. ``rows`` hold the observations acted on; ``tokens`` / ``logprobs`` are
-    ``(T, 7)``. ``reward`` is the stack's trajectory reward (``None`` = unknown), ``success``
+    ``(T, tokens per decision)`` (7, or ``7 K`` for a chunked policy). ``reward`` is the stack's trajectory reward (``None`` = unknown), ``success``
     what the grading outcome says, ``goal_reached`` the simulator's own check (the episode
     terminated), recorded for diagnostics only."""
 
@@ -138,10 +138,10 @@ class VLAEpisode:
         return 1
 
     def token_tensor(self) -> torch.Tensor:
-        return torch.stack(self.tokens) if self.tokens else torch.zeros((0, 7), dtype=torch.long)
+        return torch.stack(self.tokens) if self.tokens else torch.zeros((0, 0), dtype=torch.long)
 
     def logprob_tensor(self) -> torch.Tensor:
-        return torch.stack(self.logprobs) if self.logprobs else torch.zeros((0, 7))
+        return torch.stack(self.logprobs) if self.logprobs else torch.zeros((0, 0))
 
 
 def run_episode(
@@ -159,8 +159,8 @@ def run_episode(
 ) -> VLAEpisode:
     """Roll ``policy`` out for one episode of ``env`` (single env; the stack or the bare env).
 
-    Each decision's action is held for ``action_repeat`` env steps; the camera views are
-    rendered (:func:`add_views`) only at decision steps when the env has no cameras."""
+    Each decision's action is held for ``action_repeat`` env steps (a chunked policy's ``K``
+    actions one after another, each held as long); the camera views are rendered (:func:`add_views`) only at decision steps when the env has no cameras."""
     times = times if times is not None else RolloutTimes()
     t0 = time.perf_counter()
     obs, info = env.reset(seed=seed, options=dict(options))
@@ -179,19 +179,27 @@ def run_episode(
         )
         times.act_seconds += time.perf_counter() - t0
         times.actions += 1
-        for r in range(action_repeat):
-            t0 = time.perf_counter()
-            obs, _, terminated, truncated, info = env.step(out.actions[0])
-            times.env_seconds += time.perf_counter() - t0
-            times.env_steps += 1
-            ep.steps += 1
-            if r == 0 and not info.get("graded", False) and keep_rows:  # a graded step executes no action
-                ep.rows.append(p_obs)
-                ep.tokens.append(out.tokens[0])
-                ep.logprobs.append(out.logprobs[0])
-            if terminated or truncated:
+        # A chunked policy's decision is K actions, executed open loop: one row per decision.
+        chunk = np.asarray(out.actions[0]).reshape(-1, 7)
+        ended = False
+        for k, action in enumerate(chunk):
+            for r in range(action_repeat):
+                t0 = time.perf_counter()
+                obs, _, terminated, truncated, info = env.step(action)
+                times.env_seconds += time.perf_counter() - t0
+                times.env_steps += 1
+                ep.steps += 1
+                first = k == 0 and r == 0
+                if first and not info.get("graded", False) and keep_rows:  # a graded step executes no action
+                    ep.rows.append(p_obs)
+                    ep.tokens.append(out.tokens[0])
+                    ep.logprobs.append(out.logprobs[0])
+                ended = terminated or truncated
+                if ended:
+                    break
+            if ended:
                 break
-        if terminated or truncated:
+        if ended:
             ep.goal_reached = bool(terminated)
             ep.reward = info.get("trajectory_reward")
             ep.source = info.get("source", "env" if ep.reward is not None else None)

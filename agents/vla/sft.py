@@ -9,7 +9,7 @@ TensorBoard in ``output_dir``; ``output_dir/checkpoint`` holds the model
 optimiser and the step, and a run resumes from it. With ``eval_task`` set, the final policy
 is rolled out closed-loop (greedy) on ``eval_init_states`` (held-out by default).
 
-Classes: :class:`SFTConfig`. Functions: :func:`train_sft`, :func:`sample_batch`.
+Classes: :class:`SFTConfig`. Functions: :func:`train_sft`, :func:`sample_batch`, :func:`action_chunk_at`.
 
 Example (tiny; see ``tests/test_vla_agent.py``)::
 
@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from agents.vla.demos import DemoDataset
 from agents.vla.model import MiniVLA, MiniVLAConfig
 
-__all__ = ["SFTConfig", "train_sft", "sample_batch"]
+__all__ = ["SFTConfig", "train_sft", "sample_batch", "action_chunk_at"]
 
 
 @dataclass
@@ -53,6 +53,9 @@ class SFTConfig:
             shape (:meth:`MiniVLAConfig.tiny`).
         fuse_dino: add the DINOv2-with-registers branch (Prismatic's fused backbone).
         use_proprio: add the proprioception token.
+        action_chunk: actions predicted per decision (:class:`MiniVLAConfig`); the target of a
+            frame is then its own action and the next ``K - 1`` recorded ones (the last one
+            repeated past the episode's end). A checkpoint it starts from keeps its own.
         shift: random image shift in pixels (0 = none).
         log_every: steps between metric lines.
         checkpoint_every: steps between checkpoints (the last step always saves).
@@ -82,6 +85,7 @@ class SFTConfig:
     llm_layers: int = 4
     fuse_dino: bool = False
     use_proprio: bool = True
+    action_chunk: int = 1
     shift: int = 3
     log_every: int = 25
     checkpoint_every: int = 500
@@ -104,6 +108,7 @@ class SFTConfig:
             llm_layers=self.llm_layers,
             fuse_dino=self.fuse_dino,
             use_proprio=self.use_proprio,
+            action_chunk=self.action_chunk,
         )
 
 
@@ -116,10 +121,21 @@ def _shift(images: np.ndarray, pixels: int, rng: np.random.Generator) -> np.ndar
     return np.stack([padded[i, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(n)])
 
 
+def action_chunk_at(actions: np.ndarray, t: int, chunk: int) -> np.ndarray:
+    """The ``(chunk, dim)`` actions from step ``t`` on, the last one repeated past the end.
+
+    >>> action_chunk_at(np.arange(6).reshape(3, 2), 1, 3).tolist()
+    [[2, 3], [4, 5], [4, 5]]
+    """
+    index = np.minimum(np.arange(t, t + chunk), len(actions) - 1)
+    return actions[index]
+
+
 def sample_batch(
-    data: DemoDataset, index: np.ndarray, rng: np.random.Generator, shift: int = 0
+    data: DemoDataset, index: np.ndarray, rng: np.random.Generator, shift: int = 0, chunk: int = 1
 ) -> tuple[dict[str, Any], np.ndarray]:
-    """Observations and target actions of frames ``index`` (``(n, 2)`` episode, step pairs)."""
+    """Observations and target actions of frames ``index`` (``(n, 2)`` episode, step pairs):
+    ``(n, 7)`` actions, or ``(n, chunk, 7)`` action chunks when ``chunk > 1``."""
     eps = [data.episodes[e] for e, _ in index]
     obs = {
         "agentview_image": _shift(np.stack([ep.agentview[t] for ep, (_, t) in zip(eps, index)]), shift, rng),
@@ -127,7 +143,9 @@ def sample_batch(
         "proprio": np.stack([ep.proprio[t] for ep, (_, t) in zip(eps, index)]),
         "instruction": [ep.instruction for ep in eps],
     }
-    return obs, np.stack([ep.actions[t] for ep, (_, t) in zip(eps, index)])
+    if chunk == 1:
+        return obs, np.stack([ep.actions[t] for ep, (_, t) in zip(eps, index)])
+    return obs, np.stack([action_chunk_at(ep.actions, t, chunk) for ep, (_, t) in zip(eps, index)])
 
 
 def _lr(step: int, config: SFTConfig) -> float:
@@ -176,7 +194,11 @@ def train_sft(config: SFTConfig, data: DemoDataset | None = None) -> dict[str, A
             for group in opt.param_groups:
                 group["lr"] = _lr(step, config)
             obs, actions = sample_batch(
-                data, frames[rng.integers(0, len(frames), config.batch_size)], rng, config.shift
+                data,
+                frames[rng.integers(0, len(frames), config.batch_size)],
+                rng,
+                config.shift,
+                model.config.action_chunk,
             )
             target = torch.as_tensor(model.encode_actions(actions))
             logits = model.action_logits(obs, target)
@@ -220,20 +242,20 @@ def train_sft(config: SFTConfig, data: DemoDataset | None = None) -> dict[str, A
         "episodes": len(data),
     }
     if config.eval_task is not None:
-        from agents.vla.evaluate import evaluate_policy
-        from wmrl_envs.libero.env import LiberoLongEnv
+        from agents.vla.evaluate import evaluate_policy, policy_env
 
         model.eval()
-        env = LiberoLongEnv(
-            task_id=config.eval_task,
-            cameras=True,
-            image_size=config.image_size,
-            record_frames=False,
-            max_episode_steps=config.eval_max_steps,
-        )
+        env = policy_env(config.eval_task, image_size=config.image_size, max_episode_steps=config.eval_max_steps)
         try:
             result["closed_loop"] = evaluate_policy(
-                env, model, config.eval_init_states, trials=1, temperature=0.0, seed=config.seed
+                env,
+                model,
+                config.eval_init_states,
+                trials=1,
+                temperature=0.0,
+                seed=config.seed,
+                action_repeat=config.action_repeat,
+                image_size=config.image_size,
             )
         finally:
             env.close()
