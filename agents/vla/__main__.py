@@ -103,6 +103,7 @@ class TrainSetup:
             default ``False``: rendered at decision steps only, as the demonstrations are
             (see ``agents.vla.evaluate.EvalConfig``).
         threads: torch CPU threads.
+        device: torch device of the policy (``"cpu"``, ``"cuda"``).
     """
 
     checkpoint: str = "runs/vla/sft/checkpoint"
@@ -114,6 +115,7 @@ class TrainSetup:
     max_episode_steps: int = 520
     env_cameras: bool = False
     threads: int = 1
+    device: str = "cpu"
 
 
 def build_env(
@@ -236,7 +238,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     _threads(setup.threads)
     config = build_config(VLAGRPOConfig, {}, args)
     calibration = build_config(CalibrationConfig, {}, args, section="calibration")
-    policy = MiniVLA.load(setup.checkpoint)
+    policy = MiniVLA.load(setup.checkpoint).to(setup.device)
     env = build_env(
         setup.task,
         setup.stack,

@@ -383,7 +383,8 @@ class MiniVLA(nn.Module):
         for d in range(n_tokens):
             logp = torch.log_softmax(self._action_logits(logits, t), dim=-1)
             if temperature > 0:
-                idx = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
+                # Drawn on the CPU: rollouts seed a CPU generator whatever the policy's device.
+                idx = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(1).to(logp.device)
             else:
                 idx = logp.argmax(-1)
             tokens.append(idx + self.action_tokenizer.action_token_begin)

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from agents.vla.demos import DemoDataset
+from agents.vla.demos import DemoCache, DemoDataset
 from agents.vla.model import MiniVLA, MiniVLAConfig
 
 __all__ = ["SFTConfig", "train_sft", "sample_batch", "action_chunk_at"]
@@ -41,7 +41,10 @@ class SFTConfig:
     """Settings of ``python -m agents.vla sft``.
 
     Attributes:
-        demos: demonstration files (``.npz`` from ``python -m agents.vla demos``).
+        demos: demonstration files (``.npz``, e.g. from ``python -m agents.vla demos``).
+        demo_cache: a demonstration cache directory (:class:`~agents.vla.demos.DemoCache`):
+            every episode its manifest keeps (of ``demo_tasks``), added to ``demos``.
+        demo_tasks: the tasks taken from ``demo_cache`` (empty: all).
         output_dir: where metrics, TensorBoard events and the checkpoint go.
         init_from: start from this MiniVLA checkpoint instead of a fresh model.
         steps: optimiser steps.
@@ -65,11 +68,15 @@ class SFTConfig:
         action_repeat: env steps each decision is held for in the evaluation (as in the demos).
         seed: seed of initialisation and batch sampling.
         threads: torch CPU threads.
+        device: torch device of the model (``"cpu"``, ``"cuda"``); the checkpoint is saved
+            device-free (loads anywhere).
         tensorboard: write TensorBoard events.
         progress: show a progress bar.
     """
 
     demos: tuple[str, ...] = ()
+    demo_cache: str | None = None
+    demo_tasks: tuple[int, ...] = ()
     output_dir: str = "runs/vla/sft"
     init_from: str | None = None
     steps: int = 2000
@@ -95,6 +102,7 @@ class SFTConfig:
     action_repeat: int = 4
     seed: int = 0
     threads: int = 1
+    device: str = "cpu"
     tensorboard: bool = True
     progress: bool = True
 
@@ -160,7 +168,11 @@ def train_sft(config: SFTConfig, data: DemoDataset | None = None) -> dict[str, A
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
-    data = data if data is not None else DemoDataset.load(*config.demos)
+    if data is None:
+        paths = [Path(p) for p in config.demos]
+        if config.demo_cache:
+            paths += DemoCache(Path(config.demo_cache)).paths(config.demo_tasks or None)
+        data = DemoDataset.load(*paths)
     if not len(data):
         raise ValueError("SFT needs at least one demonstration episode")
     out = Path(config.output_dir)
@@ -174,9 +186,10 @@ def train_sft(config: SFTConfig, data: DemoDataset | None = None) -> dict[str, A
         model = MiniVLA.load(config.init_from).train()
     else:
         model = MiniVLA(config.model_config(), data.statistics()).train()
+    model.to(config.device)
     opt = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     if (ckpt / "optimizer.pt").is_file() and start:
-        opt.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
+        opt.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location=config.device, weights_only=True))
     frames = np.array([(e, t) for e, ep in enumerate(data.episodes) for t in range(len(ep))])
     begin = model.action_tokenizer.action_token_begin
     jsonl = open(out / "metrics.jsonl", "a")
@@ -200,7 +213,7 @@ def train_sft(config: SFTConfig, data: DemoDataset | None = None) -> dict[str, A
                 config.shift,
                 model.config.action_chunk,
             )
-            target = torch.as_tensor(model.encode_actions(actions))
+            target = torch.as_tensor(model.encode_actions(actions), device=model.device)
             logits = model.action_logits(obs, target)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), (target - begin).reshape(-1))
             opt.zero_grad()

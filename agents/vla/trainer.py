@@ -155,7 +155,9 @@ class VLAAgent:
         self.policy.save(directory)
 
     def load_policy(self, directory: Path) -> None:
-        self.policy.load_state_dict(torch.load(directory / "model.pt", weights_only=True))
+        self.policy.load_state_dict(
+            torch.load(directory / "model.pt", map_location=self.policy.device, weights_only=True)
+        )
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -191,9 +193,10 @@ def update(
         for start in range(0, len(order), config.micro_batch_size):
             batch = [rows[i] for i in order[start : start + config.micro_batch_size]]
             obs = collate([b[0] for b in batch])
-            tokens = torch.stack([b[1] for b in batch])
-            old = torch.stack([b[2] for b in batch])
-            adv_t = torch.tensor([b[3] for b in batch], dtype=torch.float32)
+            device = policy.device  # rows are kept on the CPU; the policy may sit on a GPU
+            tokens = torch.stack([b[1] for b in batch]).to(device)
+            old = torch.stack([b[2] for b in batch]).to(device)
+            adv_t = torch.tensor([b[3] for b in batch], dtype=torch.float32, device=device)
             logp, entropy = policy.token_logprobs(obs, tokens, config.temperature, with_entropy=True)
             ref = None
             if reference is not None:
