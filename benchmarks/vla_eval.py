@@ -85,18 +85,19 @@ def run(config: VLAEvalConfig, run_dir: Path, *, progress: bool = True) -> dict[
         env_cameras=config.env_cameras,
         progress=progress,
     )
+    overall = overall_rows(rows)
     result = {
         "experiment": NAME,
         "config": config_to_dict(config),
         "machine": machine_summary(),
         "rows": rows,
-        "overall": overall_rows(rows),
+        "overall": overall,
         "total_wall_s": time.perf_counter() - started,
     }
     markdown = (
         f"## LIBERO-Long agents (trials per init state: {config.trials}, seed {config.seed})\n\n"
         + markdown_table(rows, config.trials)
         + "\n\nPooled over tasks (Wilson 95% intervals):\n\n"
-        + markdown_table(result["overall"], config.trials)
+        + markdown_table(overall, config.trials)
     )
     return write_results(run_dir, result, markdown)

@@ -9,7 +9,7 @@ TensorBoard in ``output_dir``; ``output_dir/checkpoint`` holds the model
 optimiser and the step, and a run resumes from it. With ``eval_task`` set, the final policy
 is rolled out closed-loop (greedy) on ``eval_init_states`` (held-out by default).
 
-Classes: :class:`SFTConfig`. Functions: :func:`train_sft`, :func:`sample_batch`, :func:`action_chunk_at`.
+Classes: :class:`SFTConfig`. Functions: :func:`train_sft`, :func:`load_demos`, :func:`sample_batch`, :func:`action_chunk_at`.
 
 Example (tiny; see ``tests/test_vla_agent.py``)::
 
@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from agents.vla.demos import DemoCache, DemoDataset
 from agents.vla.model import MiniVLA, MiniVLAConfig
 
-__all__ = ["SFTConfig", "train_sft", "sample_batch", "action_chunk_at"]
+__all__ = ["SFTConfig", "train_sft", "load_demos", "sample_batch", "action_chunk_at"]
 
 
 @dataclass
@@ -163,16 +163,21 @@ def _lr(step: int, config: SFTConfig) -> float:
     return config.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
+def load_demos(config: SFTConfig) -> DemoDataset:
+    """The demonstrations a config names: its ``demos`` files and its ``demo_cache``'s kept
+    episodes (of ``demo_tasks``)."""
+    paths = [Path(p) for p in config.demos]
+    if config.demo_cache:
+        paths += DemoCache(Path(config.demo_cache)).paths(config.demo_tasks or None)
+    return DemoDataset.load(*paths)
+
+
 def train_sft(config: SFTConfig, data: DemoDataset | None = None) -> dict[str, Any]:
     """Run SFT; returns the final metrics (and ``closed_loop`` when ``eval_task`` is set)."""
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
-    if data is None:
-        paths = [Path(p) for p in config.demos]
-        if config.demo_cache:
-            paths += DemoCache(Path(config.demo_cache)).paths(config.demo_tasks or None)
-        data = DemoDataset.load(*paths)
+    data = data if data is not None else load_demos(config)
     if not len(data):
         raise ValueError("SFT needs at least one demonstration episode")
     out = Path(config.output_dir)
