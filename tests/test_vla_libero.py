@@ -95,6 +95,8 @@ def test_demo_cache_resumes_and_its_manifest_reproduces_a_demo_byte_for_byte(tmp
     assert [(r["init_state"], r["seed"]) for r in more] == [(0, 1), (1, 1)]
     records = cache.records()
     assert len(records) == 4 and len({r["digest"] for r in records}) == 4  # init and noise seed both matter
+    longer = cache.collect([7], [0], per_init=1, progress=False, **{**short, "max_episode_steps": 16})
+    assert [r["frames"] for r in longer] == [4]  # another episode limit is another try
     episode, same = DemoCache.reproduce(records[2])
     assert same and episode.agentview.shape == (3, 32, 32, 3) and episode.meta["seed"] == 1
     assert cache.paths() == []

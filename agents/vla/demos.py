@@ -232,9 +232,28 @@ class DemoCache:
         self.manifest = Path(self.manifest) if self.manifest is not None else self.root / "manifest.jsonl"
 
     @staticmethod
-    def try_key(task: int, init_state: int, seed: int, noise_std: float, action_repeat: int, image_size: int) -> str:
-        """The file stem of one try (also its identity in the manifest)."""
-        return f"task{task}/init{init_state:02d}-seed{seed}-noise{noise_std:g}-repeat{action_repeat}-px{image_size}"
+    def try_key(
+        task: int, init_state: int, seed: int, noise_std: float, action_repeat: int, image_size: int, max_steps: int
+    ) -> str:
+        """The identity of one try (and its file stem): every argument changes the episode."""
+        return (
+            f"task{task}/init{init_state:02d}-seed{seed}-noise{noise_std:g}-repeat{action_repeat}"
+            f"-px{image_size}-limit{max_steps}"
+        )
+
+    @classmethod
+    def record_key(cls, record: Mapping[str, Any]) -> str:
+        """:meth:`try_key` of a manifest record (from its fields, so records written before the
+        key named the episode limit still count as done)."""
+        return cls.try_key(
+            int(record["task"]),
+            int(record["init_state"]),
+            int(record["seed"]),
+            float(record["noise_std"]),
+            int(record["action_repeat"]),
+            int(record["image_size"]),
+            int(record["max_episode_steps"]),
+        )
 
     def records(self) -> list[dict[str, Any]]:
         assert self.manifest is not None
@@ -260,13 +279,13 @@ class DemoCache:
         from tqdm.auto import tqdm
 
         assert self.manifest is not None
-        done = {r["key"] for r in self.records()}
+        done = {self.record_key(r) for r in self.records()}
         todo = [
             (t, i, seed + k)
             for t in tasks
             for i in init_states
             for k in range(per_init)
-            if self.try_key(t, i, seed + k, noise_std, action_repeat, image_size) not in done
+            if self.try_key(t, i, seed + k, noise_std, action_repeat, image_size, max_episode_steps) not in done
         ]
         self.manifest.parent.mkdir(parents=True, exist_ok=True)
         new: list[dict[str, Any]] = []
@@ -282,7 +301,7 @@ class DemoCache:
                 episode, success, steps = demonstrate(
                     env, init, seed=try_seed, noise_std=noise_std, image_size=image_size, action_repeat=action_repeat
                 )
-                key = self.try_key(task, init, try_seed, noise_std, action_repeat, image_size)
+                key = self.try_key(task, init, try_seed, noise_std, action_repeat, image_size, max_episode_steps)
                 record = {
                     "key": key,
                     "task": task,
