@@ -27,6 +27,8 @@ Usage (a MuJoCo simulation, so not run as a doctest)::
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,8 +52,8 @@ class ExpertConfig:
         lift_height: carrying height above the target region's top (m).
         release_height: height of the grasp point above the target when opening (m).
         tolerance: position error that ends a move phase (m).
-        grip_steps: steps spent closing (and opening) the gripper.
-        phase_timeout: most steps per move phase before the expert moves on.
+        grip_steps: env steps spent closing (and opening) the gripper.
+        phase_timeout: most env steps per move phase before the expert moves on.
         noise_std: DART noise on the executed action (action units); 0 = none.
         attempts: passes over the goal predicates that do not hold yet (a failed grasp is retried).
     """
@@ -294,6 +296,12 @@ def run_expert(
     (:func:`agents.vla.rollout.add_views`).
     """
     config = config or ExpertConfig()
+    if action_repeat > 1:  # the plan advances once per decision; its step counts are env steps
+        config = dataclasses.replace(
+            config,
+            grip_steps=max(1, math.ceil(config.grip_steps / action_repeat)),
+            phase_timeout=max(1, math.ceil(config.phase_timeout / action_repeat)),
+        )
     base = env.unwrapped
     obs, _ = env.reset(seed=seed, options={"init_state": int(init_state)})
     expert = ScriptedExpert(base.sim_env, config)
@@ -321,7 +329,7 @@ def run_expert(
                 result.success = bool(info.get("success"))
                 ended = True
                 break
-        after_plan += expert.done
+        after_plan += expert.done * action_repeat
         if after_plan > 10:
             break
     result.phase = expert.phase
