@@ -5,10 +5,10 @@ Architecture (Prismatic / MiniVLA): each camera image goes through a SigLIP visi
 channel dimension, as Prismatic's ``dinosiglip`` backbones do; features of the second-to-last
 layer), an MLP projector maps patch features to the LM's width, and a Qwen2 causal LM reads
 ``[BOS] [patches of every camera] [proprio token] [instruction tokens]`` and then predicts the
-7 action tokens one by one -- or, with ``action_chunk = K > 1``, the ``7 K`` tokens of the next
-``K`` actions (an action chunk: one decision, one pair of renders and one prefix pass per
-``K`` actions; the extra tokens cost only cached decode steps). Action tokens are the last 256 ids of the LM vocabulary
-(:class:`~agents.vla.tokenizer.ActionTokenizer`). Every module is a ``transformers`` model
+7 action tokens one by one -- or, with ``action_chunk = K > 1``, the ``7 K`` tokens of the
+next ``K`` actions (an action chunk: one decision, one pair of renders and one prefix pass per
+``K`` actions; the extra tokens cost only cached decode steps). Action tokens are the last 256
+ids of the LM vocabulary (:class:`~agents.vla.tokenizer.ActionTokenizer`). Every module is a ``transformers`` model
 built from a config (no timm / torchvision), so the same code runs at CPU-trainable size
 (:meth:`MiniVLAConfig.tiny`, ~5-20M parameters) and at full size
 (:func:`agents.vla.prismatic.load_prismatic`).

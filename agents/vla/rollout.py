@@ -114,9 +114,10 @@ class RolloutTimes:
 
 @dataclass
 class VLAEpisode:
-    """One rollout. ``rows`` hold the observations acted on; ``tokens`` / ``logprobs`` are
-    ``(T, tokens per decision)`` (7, or ``7 K`` for a chunked policy). ``reward`` is the stack's trajectory reward (``None`` = unknown), ``success``
-    what the grading outcome says, ``goal_reached`` the simulator's own check (the episode
+    """One rollout. ``rows`` hold the observations acted on (one per decision); ``tokens`` /
+    ``logprobs`` are ``(T, tokens per decision)`` (7, or ``7 K`` for a chunked policy).
+    ``reward`` is the stack's trajectory reward (``None`` = unknown), ``success`` what the
+    grading outcome says, ``goal_reached`` the simulator's own check (the episode
     terminated), recorded for diagnostics only."""
 
     group_id: Any
