@@ -369,3 +369,25 @@ def test_multitask_sft_conditions_on_the_instruction(tmp_path, chunk):
         }
         moves = np.asarray(model.act(obs, temperature=0.0).actions).reshape(-1, 7)[:, :6]
         assert np.sign(moves).tolist() == [[np.sign(value)] * 6] * chunk, (text, moves)
+
+
+def test_summary_pools_tasks_with_wilson_intervals_and_refuses_double_counting(tmp_path, capsys):
+    from agents.vla.__main__ import main
+
+    def write(name, task, wins, n):
+        path = tmp_path / name
+        row = {"policy": "ckpt", "task": task, "split": "OOD", "successes": wins, "episodes": n, "avg": wins / n}
+        path.write_text(json.dumps({"rows": [row]}))
+        return f"sft={path}"
+
+    a, b = write("t0.json", 0, 3, 10), write("t7.json", 7, 7, 10)
+    assert main(["summary", "--policy", a, b, "--output", str(tmp_path / "summary.json")]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())["sft"]
+    assert [r["task"] for r in summary["per_task"]] == [0, 7]
+    (pooled,) = summary["overall"]
+    assert (pooled["successes"], pooled["episodes"], pooled["avg"]) == (10, 20, 0.5)
+    assert pooled["avg_ci95"] == [0.2993, 0.7007]  # Wilson, n = 20
+    assert "| sft | all | OOD | 0.500 | 0.299-0.701 |" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="task 0 split OOD appears twice"):
+        main(["summary", "--policy", a, a])
+    assert main(["summary", "--policy", "no-equals-sign"]) == 2

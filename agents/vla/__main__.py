@@ -7,6 +7,7 @@
     python -m agents.vla sft      --demos runs/vla/demos_task7.npz --steps 1000 --output-dir runs/vla/sft --eval-task 7
     python -m agents.vla train    --checkpoint runs/vla/sft/checkpoint --stack wmrl --task 7 --total-steps 2
     python -m agents.vla evaluate --policy runs/vla/grpo-wmrl/checkpoint --tasks 7 --init-states 16 17 --trials 8
+    python -m agents.vla summary  --policy sft=eval_task0.json sft=eval_task7.json --output summary.json
 
 ``expert`` takes :class:`ExpertRun`, ``demos`` :class:`DemosRun`, ``sft``
 :class:`~agents.vla.sft.SFTConfig`, ``train`` takes :class:`TrainSetup` and
@@ -305,6 +306,25 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_summary(args: argparse.Namespace) -> int:
+    from agents.vla.evaluate import markdown_table, summarize
+
+    named: dict[str, list[str]] = {}
+    for item in args.policy:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            print(f"summary: --policy wants NAME=EVAL_JSON, got {item!r}", file=sys.stderr)
+            return 2
+        named.setdefault(name, []).append(path)
+    summary = summarize(named)
+    for name, s in summary.items():
+        print(f"### {name}\n\n{markdown_table(s['per_task'] + s['overall'], 1)}\n")
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(summary, indent=1))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     from agents.vla.evaluate import EvalConfig
     from agents.vla.sft import SFTConfig
@@ -330,6 +350,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="Avg / Best@8 / All@8 success (ID 0-15, OOD 16-49)")
     add_config_arguments(p, EvalConfig)
     p.add_argument("--threads", type=int, default=1)
+    p = sub.add_parser("summary", help="per-task and pooled success with Wilson intervals from evaluation files")
+    p.add_argument("--policy", nargs="+", required=True, help="NAME=EVAL_JSON (repeat a name for one file per task)")
+    p.add_argument("--output", default=None, help="JSON file to write")
     return parser
 
 
@@ -344,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sft": _cmd_sft,
         "train": _cmd_train,
         "evaluate": _cmd_evaluate,
+        "summary": _cmd_summary,
     }[args.cmd]
     return handler(args)
 

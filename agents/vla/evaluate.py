@@ -8,7 +8,7 @@ Every success rate comes with its Wilson 95% interval (:func:`wilson_interval`),
 pooled over tasks (:func:`overall_rows`).
 
 Classes: :class:`EvalConfig`, :class:`RandomPolicy`. Functions: :func:`success_metrics`,
-:func:`wilson_interval`, :func:`overall_rows`, :func:`load_policy`, :func:`policy_env`,
+:func:`wilson_interval`, :func:`overall_rows`, :func:`summarize`, :func:`load_policy`, :func:`policy_env`,
 :func:`evaluate_policy`, :func:`evaluate_tasks`, :func:`markdown_table`.
 
 >>> success_metrics({0: [True] * 8, 1: [False, True] + [False] * 6, 2: [False] * 8})
@@ -21,6 +21,7 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ __all__ = [
     "success_metrics",
     "wilson_interval",
     "overall_rows",
+    "summarize",
     "load_policy",
     "policy_env",
     "evaluate_policy",
@@ -278,6 +280,28 @@ def overall_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         }
         for (policy, split), (wins, n) in pooled.items()
     ]
+
+
+def summarize(evaluations: Mapping[str, Sequence[str | Path]]) -> dict[str, Any]:
+    """A summary of evaluation files (``python -m agents.vla evaluate --output``) per named
+    policy: every task x split row with its successes, episodes and Wilson 95% interval, and
+    the rows pooled over tasks (:func:`overall_rows`). A task x split evaluated twice for one
+    name is an error (episodes would count twice)."""
+    out: dict[str, Any] = {}
+    for name, files in evaluations.items():
+        rows: list[dict[str, Any]] = []
+        seen: set[tuple[Any, Any]] = set()
+        for path in files:
+            for r in json.loads(Path(path).read_text())["rows"]:
+                key = (r["task"], r["split"])
+                if key in seen:
+                    raise ValueError(f"{name}: task {key[0]} split {key[1]} appears twice (in {path})")
+                seen.add(key)
+                keep = ("task", "split", "successes", "episodes", "avg", "avg_ci95", "best_at_k", "all_at_k")
+                rows.append({**{k: r[k] for k in keep if k in r}, "policy": name})
+        rows.sort(key=lambda r: (str(r["split"]), int(r["task"])))
+        out[name] = {"per_task": rows, "overall": overall_rows(rows)}
+    return out
 
 
 def markdown_table(rows: Sequence[Mapping[str, Any]], k: int = 8) -> str:
