@@ -102,3 +102,50 @@ def test_demo_cache_resumes_and_its_manifest_reproduces_a_demo_byte_for_byte(tmp
     assert cache.paths() == []
     with pytest.raises(FileNotFoundError, match="no demonstrations"):
         cache.load()
+
+
+def test_dagger_round_labels_the_policys_states_with_the_expert_resumes_and_trains(tmp_path):
+    from agents.vla.dagger import DaggerRound
+    from agents.vla.demos import DemoCache
+    from agents.vla.sft import SFTConfig, train_sft
+
+    torch.manual_seed(0)
+    tiny = dict(image_size=32, width=32, llm_width=48, vision_layers=1, llm_layers=1)
+    MiniVLA(MiniVLAConfig.tiny(action_chunk=2, **tiny)).save(tmp_path / "policy")
+    MiniVLA(MiniVLAConfig.tiny(**tiny)).save(tmp_path / "other")
+    short = dict(image_size=32, max_episode_steps=12, progress=False)  # 3 actions: 2 decisions of a 2-chunk
+    expert_round = DaggerRound(tmp_path / "beta1", str(tmp_path / "policy"), beta=1.0)
+    records = expert_round.collect([7], [0], **short)
+    assert len(records) == 1 and records[0]["expert_share"] == 1.0 and records[0]["decisions"] == 2
+    episode = expert_round.cache.load().episodes[0]
+    assert episode.actions.shape == (2, 2, 7) and episode.agentview.shape == (2, 32, 32, 3)
+    # with beta = 1 the expert drives: its lockstep labels are the expert's own episode
+    env = LiberoLongEnv(task_id=7, cameras=False, object_state=False, max_episode_steps=600)
+    try:
+        labels = np.stack(run_expert(env, 0, seed=0, action_repeat=4, record=True, max_steps=12).actions)
+    finally:
+        env.close()
+    np.testing.assert_allclose(episode.actions.reshape(-1, 7)[:3], labels[:3], atol=1e-6)
+    np.testing.assert_array_equal(episode.actions[1, 1], episode.actions[1, 0])  # padded past the end
+
+    own = DaggerRound(tmp_path / "beta0", str(tmp_path / "policy"), beta=0.0)
+    first = own.collect([7], [0, 1], **short)
+    assert [r["init_state"] for r in first] == [0, 1] and all(r["expert_share"] == 0.0 for r in first)
+    assert not any(r["success"] for r in first) and len(own.cache.paths()) == 2  # failures are kept
+    assert own.collect([7], [0, 1], **short) == []  # resumes: nothing left to do
+    with pytest.raises(ValueError, match="another policy"):
+        DaggerRound(tmp_path / "beta0", str(tmp_path / "other"), beta=0.0).collect([7], [2], **short)
+    assert DemoCache(tmp_path / "beta0").records()[0]["policy_digest"] == first[0]["policy_digest"]
+
+    result = train_sft(
+        SFTConfig(
+            dagger_dirs=(str(tmp_path / "beta0"), str(tmp_path / "beta1")),
+            init_from=str(tmp_path / "policy"),
+            output_dir=str(tmp_path / "sft"),
+            steps=2,
+            batch_size=4,
+            tensorboard=False,
+            progress=False,
+        )
+    )
+    assert result["episodes"] == 3 and result["frames"] == 6 and np.isfinite(result["final"]["loss"])

@@ -4,12 +4,13 @@
 
     python -m agents.vla expert   --tasks 7 0 --init-states 0 1 2 3            # scripted-expert success table
     python -m agents.vla demos    --tasks 0 1 4 5 6 7 --init-states 0 1 2 3 --per-init 2   # resumable, into a cache
+    python -m agents.vla dagger   --policy runs/vla/sft/checkpoint --output-dir runs/vla/dagger1 --beta 0.5
     python -m agents.vla sft      --demos runs/vla/demos_task7.npz --steps 1000 --output-dir runs/vla/sft --eval-task 7
     python -m agents.vla train    --checkpoint runs/vla/sft/checkpoint --stack wmrl --task 7 --total-steps 2
     python -m agents.vla evaluate --policy runs/vla/grpo-wmrl/checkpoint --tasks 7 --init-states 16 17 --trials 8
     python -m agents.vla summary  --policy sft=eval_task0.json sft=eval_task7.json --output summary.json
 
-``expert`` takes :class:`ExpertRun`, ``demos`` :class:`DemosRun`, ``sft``
+``expert`` takes :class:`ExpertRun`, ``demos`` :class:`DemosRun`, ``dagger`` :class:`DaggerRun`, ``sft``
 :class:`~agents.vla.sft.SFTConfig`, ``train`` takes :class:`TrainSetup` and
 :class:`~agents.vla.trainer.VLAGRPOConfig` (plus ``--calibration-*`` of
 :class:`~wrappers.CalibrationConfig` for the ``wmrl`` stack), ``evaluate`` takes
@@ -31,7 +32,7 @@ from typing import Any
 
 from wmrl_envs.config_cli import add_config_arguments, build_config, config_to_dict
 
-__all__ = ["main", "ExpertRun", "DemosRun", "TrainSetup", "build_env"]
+__all__ = ["main", "ExpertRun", "DemosRun", "DaggerRun", "TrainSetup", "build_env"]
 
 
 @dataclass
@@ -85,6 +86,40 @@ class DemosRun:
     seed: int = 0
     cache_dir: str | None = None
     manifest: str | None = None
+
+
+@dataclass
+class DaggerRun:
+    """Settings of ``python -m agents.vla dagger``: one DAgger round
+    (:class:`~agents.vla.dagger.DaggerRound`): the policy acts on the training init states,
+    the scripted expert labels every decision, every episode is kept. Resumable: a rerun skips
+    the tries the round's manifest holds. Train on it with ``sft --dagger-dirs``.
+
+    Attributes:
+        policy: the MiniVLA checkpoint that acts (an SFT run's ``checkpoint/``).
+        output_dir: the round's directory (episodes and ``manifest.jsonl``; not the repo).
+        tasks: LIBERO-Long task indices.
+        init_states: initial states (LIBERO's training states 0-15).
+        per_init: episodes per task and initial state (seeds ``seed`` .. ``seed + per_init - 1``).
+        beta: probability that an executed action is the expert's (0 = the policy alone).
+        temperature: the policy's sampling temperature (0 = greedy, as evaluated).
+        image_size: side of the rendered camera views.
+        action_repeat: env steps each action is held for (as in the demonstrations).
+        max_episode_steps: episode limit (the evaluation's 520).
+        seed: seed of the first try per initial state.
+    """
+
+    policy: str = "runs/vla/sft/checkpoint"
+    output_dir: str = "runs/vla/dagger1"
+    tasks: tuple[int, ...] = (0, 1, 4, 5, 6, 7)
+    init_states: tuple[int, ...] = tuple(range(16))
+    per_init: int = 1
+    beta: float = 0.5
+    temperature: float = 0.0
+    image_size: int = 64
+    action_repeat: int = 4
+    max_episode_steps: int = 520
+    seed: int = 100
 
 
 @dataclass
@@ -202,6 +237,45 @@ def _cmd_demos(args: argparse.Namespace) -> int:
                 "kept": sum(r["success"] for r in records),
                 "cache_dir": str(cache.root),
                 "manifest": str(cache.manifest),
+            }
+        )
+    )
+    return 0
+
+
+def _cmd_dagger(args: argparse.Namespace) -> int:
+    from agents.vla.dagger import DaggerRound
+
+    config = build_config(DaggerRun, {}, args)
+    if not (Path(config.policy) / "config.json").is_file():
+        print(
+            f"dagger: no MiniVLA checkpoint at {config.policy} (run `python -m agents.vla sft` first)", file=sys.stderr
+        )
+        return 2
+    round_ = DaggerRound(Path(config.output_dir), config.policy, beta=config.beta, temperature=config.temperature)
+    try:
+        new = round_.collect(
+            config.tasks,
+            config.init_states,
+            per_init=config.per_init,
+            seed=config.seed,
+            image_size=config.image_size,
+            action_repeat=config.action_repeat,
+            max_episode_steps=config.max_episode_steps,
+        )
+    except ValueError as e:
+        print(f"dagger: {e}", file=sys.stderr)
+        return 2
+    records = round_.cache.records()
+    print(
+        json.dumps(
+            {
+                "new_episodes": len(new),
+                "episodes": len(records),
+                "successes": sum(r["success"] for r in records),
+                "frames": sum(r["decisions"] for r in records),
+                "agreement": round(sum(r["agreement"] for r in records) / max(1, len(records)), 4),
+                "output_dir": str(round_.root),
             }
         )
     )
@@ -341,6 +415,8 @@ def _parser() -> argparse.ArgumentParser:
     add_config_arguments(p, ExpertRun)
     p = sub.add_parser("demos", help="collect scripted-expert demonstrations (successful episodes only)")
     add_config_arguments(p, DemosRun)
+    p = sub.add_parser("dagger", help="one DAgger round: the policy acts, the expert labels (kept, resumable)")
+    add_config_arguments(p, DaggerRun)
     p = sub.add_parser("sft", help="supervised fine-tuning on demonstrations")
     add_config_arguments(p, SFTConfig)
     p = sub.add_parser("train", help="GRPO through a wrapped env stack")
@@ -364,6 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = {
         "expert": _cmd_expert,
         "demos": _cmd_demos,
+        "dagger": _cmd_dagger,
         "sft": _cmd_sft,
         "train": _cmd_train,
         "evaluate": _cmd_evaluate,

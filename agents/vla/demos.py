@@ -56,7 +56,10 @@ class DemoEpisode:
         instruction: language instruction.
         agentview / wrist: ``(T, S, S, 3)`` uint8 upright images.
         proprio: ``(T, 9)`` float32 (end-effector position, quaternion, fingers).
-        actions: ``(T, 7)`` float32 env actions (the expert's clean labels).
+        actions: ``(T, 7)`` float32 env actions (the expert's clean labels), or ``(T, K, 7)``
+            action chunks: the expert's labels for the ``K`` decisions a chunked policy executed
+            from each frame (:mod:`agents.vla.dagger`, which records views only where the
+            policy decided).
         meta: task index, init state, noise, seed.
     """
 
@@ -124,7 +127,7 @@ class DemoDataset:
 
     def statistics(self) -> dict[str, Any]:
         """One dataset's ``dataset_statistics.json`` entry (q01/q99 of actions, proprio stats)."""
-        actions = np.concatenate([e.actions for e in self.episodes])
+        actions = np.concatenate([e.actions.reshape(-1, e.actions.shape[-1]) for e in self.episodes])
         proprio = np.concatenate([e.proprio for e in self.episodes])
         stats = dataset_statistics(actions, proprio)
         stats["num_trajectories"] = len(self.episodes)
@@ -335,7 +338,7 @@ class DemoCache:
         return [
             self.root / r["file"]
             for r in self.records()
-            if r["success"] and (tasks is None or r["task"] in tasks) and (self.root / r["file"]).is_file()
+            if r.get("file") and (tasks is None or r["task"] in tasks) and (self.root / r["file"]).is_file()
         ]
 
     def load(self, tasks: Sequence[int] | None = None) -> DemoDataset:

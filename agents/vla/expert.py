@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ExpertConfig", "ScriptedExpert", "ExpertResult", "run_expert", "PICK_AND_PLACE_TASKS"]
+__all__ = ["ExpertConfig", "ScriptedExpert", "ExpertResult", "run_expert", "per_decision", "PICK_AND_PLACE_TASKS"]
 
 #: LIBERO-Long tasks whose goal is spatial predicates only (pick-and-place with no joint to move).
 PICK_AND_PLACE_TASKS = (0, 1, 4, 5, 6, 7, 8)
@@ -273,6 +273,23 @@ class ExpertResult:
     phase: str = ""
 
 
+def per_decision(config: ExpertConfig, action_repeat: int) -> ExpertConfig:
+    """``config`` for an expert that acts once per decision of ``action_repeat`` env steps: its
+    plan advances once per :meth:`ScriptedExpert.act` call, while its step counts (grip hold,
+    phase timeout) are env steps.
+
+    >>> per_decision(ExpertConfig(), 4).grip_steps, ExpertConfig().grip_steps
+    (3, 12)
+    """
+    if action_repeat <= 1:
+        return config
+    return dataclasses.replace(
+        config,
+        grip_steps=max(1, math.ceil(config.grip_steps / action_repeat)),
+        phase_timeout=max(1, math.ceil(config.phase_timeout / action_repeat)),
+    )
+
+
 def run_expert(
     env: Any,
     init_state: int,
@@ -295,13 +312,7 @@ def run_expert(
     observations get the two camera views rendered at decision steps only
     (:func:`agents.vla.rollout.add_views`).
     """
-    config = config or ExpertConfig()
-    if action_repeat > 1:  # the plan advances once per decision; its step counts are env steps
-        config = dataclasses.replace(
-            config,
-            grip_steps=max(1, math.ceil(config.grip_steps / action_repeat)),
-            phase_timeout=max(1, math.ceil(config.phase_timeout / action_repeat)),
-        )
+    config = per_decision(config or ExpertConfig(), action_repeat)
     base = env.unwrapped
     obs, _ = env.reset(seed=seed, options={"init_state": int(init_state)})
     expert = ScriptedExpert(base.sim_env, config)

@@ -44,7 +44,9 @@ class SFTConfig:
         demos: demonstration files (``.npz``, e.g. from ``python -m agents.vla demos``).
         demo_cache: a demonstration cache directory (:class:`~agents.vla.demos.DemoCache`):
             every episode its manifest keeps (of ``demo_tasks``), added to ``demos``.
-        demo_tasks: the tasks taken from ``demo_cache`` (empty: all).
+        demo_tasks: the tasks taken from ``demo_cache`` and ``dagger_dirs`` (empty: all).
+        dagger_dirs: DAgger rounds (``python -m agents.vla dagger``): every episode their
+            manifests keep (the policy's own states, labelled by the expert), added too.
         output_dir: where metrics, TensorBoard events and the checkpoint go.
         init_from: start from this MiniVLA checkpoint instead of a fresh model.
         steps: optimiser steps.
@@ -77,6 +79,7 @@ class SFTConfig:
     demos: tuple[str, ...] = ()
     demo_cache: str | None = None
     demo_tasks: tuple[int, ...] = ()
+    dagger_dirs: tuple[str, ...] = ()
     output_dir: str = "runs/vla/sft"
     init_from: str | None = None
     steps: int = 2000
@@ -131,10 +134,17 @@ def _shift(images: np.ndarray, pixels: int, rng: np.random.Generator) -> np.ndar
 
 def action_chunk_at(actions: np.ndarray, t: int, chunk: int) -> np.ndarray:
     """The ``(chunk, dim)`` actions from step ``t`` on, the last one repeated past the end.
+    ``actions`` is ``(T, dim)``, or ``(T, K, dim)`` when each frame carries its own chunk of
+    labels (DAgger frames), of which the first ``chunk`` are taken (the last one repeated).
 
     >>> action_chunk_at(np.arange(6).reshape(3, 2), 1, 3).tolist()
     [[2, 3], [4, 5], [4, 5]]
+    >>> action_chunk_at(np.arange(8).reshape(2, 2, 2), 1, 3).tolist()
+    [[4, 5], [6, 7], [6, 7]]
     """
+    if actions.ndim == 3:
+        own = actions[t]
+        return own[np.minimum(np.arange(chunk), len(own) - 1)]
     index = np.minimum(np.arange(t, t + chunk), len(actions) - 1)
     return actions[index]
 
@@ -152,7 +162,7 @@ def sample_batch(
         "instruction": [ep.instruction for ep in eps],
     }
     if chunk == 1:
-        return obs, np.stack([ep.actions[t] for ep, (_, t) in zip(eps, index)])
+        return obs, np.stack([action_chunk_at(ep.actions, t, 1)[0] for ep, (_, t) in zip(eps, index)])
     return obs, np.stack([action_chunk_at(ep.actions, t, chunk) for ep, (_, t) in zip(eps, index)])
 
 
@@ -164,11 +174,11 @@ def _lr(step: int, config: SFTConfig) -> float:
 
 
 def load_demos(config: SFTConfig) -> DemoDataset:
-    """The demonstrations a config names: its ``demos`` files and its ``demo_cache``'s kept
-    episodes (of ``demo_tasks``)."""
+    """The demonstrations a config names: its ``demos`` files and the kept episodes (of
+    ``demo_tasks``) of its ``demo_cache`` and ``dagger_dirs``."""
     paths = [Path(p) for p in config.demos]
-    if config.demo_cache:
-        paths += DemoCache(Path(config.demo_cache)).paths(config.demo_tasks or None)
+    for cache in ([config.demo_cache] if config.demo_cache else []) + list(config.dagger_dirs):
+        paths += DemoCache(Path(cache)).paths(config.demo_tasks or None)
     return DemoDataset.load(*paths)
 
 
