@@ -41,4 +41,5 @@ OTHER_SCRIPTS = {
     "llm_step_components": "SmolLM2 step components: generation tokens/s, full vs LoRA update s and peak RSS",
     "libero_throughput": "LIBERO env step throughput",
     "vla_decision_cost": "CPU per LIBERO-Long episode of a MiniVLA by action-chunk length",
+    "speedup RUN_DIR": "summary of an unfinished speedup run over its finished seeds",
 }

@@ -31,8 +31,13 @@ between calibrated world-model and real scores on anchor groups, and their withi
 agreement, over training (``monitor.png``); ``monitor_max_gap`` lets
 :class:`~agents.grpo.ExploitationGuard` raise the anchor fraction or stop.
 
-Classes: :class:`SpeedupConfig`. Functions: :func:`run`, :func:`cost_to_reach`,
-:func:`headline`, :func:`tables`.
+An unfinished multi-seed run can be summarised from its saved arms at any time:
+``python -m benchmarks.speedup RUN_DIR`` (:func:`partial_summary`) writes
+``summary-partial.json`` and ``heldout_vs_cost-partial.png`` over the seeds whose every arm
+finished.
+
+Classes: :class:`SpeedupConfig`. Functions: :func:`run`, :func:`partial_summary`,
+:func:`cost_to_reach`, :func:`headline`, :func:`tables`.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import os
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +61,7 @@ from agents.llm.loading import load_policy, load_world_model, warm_start_plans
 from benchmarks.common import cpu_clock, new_figure, save_figure, summarize_seeds
 from benchmarks.report import machine_summary, markdown_table, write_json, write_results
 from benchmarks.speedup_accounting import OutcomeCache, bootstrap_ci, reach_ratios
-from wmrl_envs.config_cli import config_to_dict
+from wmrl_envs.config_cli import build_config, config_to_dict
 from wmrl_envs.vector import make_vector_env
 from wrappers import CalibrationConfig, StackHandle, build_stack
 from wrappers.parts.scheduling import SELECTIONS
@@ -72,6 +77,7 @@ __all__ = [
     "ARM_METRICS",
     "SPEEDUP_ARMS",
     "build_summary",
+    "partial_summary",
 ]
 
 NAME = "speedup"
@@ -719,6 +725,42 @@ def _finished_arm(saved: Path, arm: str, seed: int) -> dict[str, Any] | None:
     return json.loads(plain.read_text()) if plain.is_file() else None
 
 
+def partial_summary(run_dir: Path) -> dict[str, Any]:
+    """The summary of an unfinished run (``wmrl-bench speedup --run-dir RUN_DIR``, stopped or
+    still going) from its saved arms, over the seeds whose every arm finished; the world
+    model's one-off cost is amortised over those seeds' runs. Writes ``summary-partial.json``
+    (marked ``partial``) and ``heldout_vs_cost-partial.png`` into ``run_dir``; the run itself
+    writes ``summary.json`` when every seed is done."""
+    run_dir = Path(run_dir)
+    saved = json.loads((run_dir / "config.json").read_text())
+    planned = build_config(SpeedupConfig, {k: v for k, v in saved.items() if k not in ("experiment", "config_file")})
+    rows: list[dict[str, Any]] = []
+    complete: list[int] = []
+    for seed in planned.seeds:
+        finished = {arm: _finished_arm(run_dir / "arms", arm, seed) for arm in planned.arms}
+        if any(done is None for done in finished.values()):
+            continue
+        complete.append(seed)
+        rows += [
+            {**anchor_fields(arm, done["history"], done["row"]["cost_cpu_s"]), **done["row"]}
+            for arm, done in finished.items()
+            if done is not None
+        ]
+    if not complete:
+        raise FileNotFoundError(f"no seed in {run_dir / 'arms'} has every arm ({', '.join(planned.arms)}) finished")
+    config = replace(planned, seeds=tuple(complete))
+    provenance = run_dir / "world_model" / "provenance.json"
+    wm_info = json.loads(provenance.read_text()) if provenance.is_file() else {}
+    summary = build_summary(config, rows, wm_info)
+    summary["partial"] = (
+        f"PARTIAL: seeds {complete} of the planned {list(planned.seeds)}, from the saved arms "
+        "(benchmarks.speedup.partial_summary); the run writes summary.json when every seed is done"
+    )
+    write_json(run_dir / "summary-partial.json", summary)
+    _plot_curves(config, rows, run_dir / "heldout_vs_cost-partial.png")
+    return summary
+
+
 def build_summary(
     config: SpeedupConfig, rows: Sequence[Mapping[str, Any]], wm_info: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -1034,3 +1076,14 @@ def _plot_monitor(histories: Mapping[str, Sequence[Mapping[str, Any]]], config: 
         ax.set_xlabel("training step")
     axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     return save_figure(fig, path)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.speedup", description="summary of an unfinished speedup run from its saved arms"
+    )
+    parser.add_argument("run_dir", type=Path, help="the run's directory (wmrl-bench speedup --run-dir)")
+    summary = partial_summary(parser.parse_args().run_dir)
+    print(json.dumps({k: summary[k] for k in ("seeds", "partial")}))
