@@ -149,3 +149,19 @@ def test_dagger_round_labels_the_policys_states_with_the_expert_resumes_and_trai
         )
     )
     assert result["episodes"] == 3 and result["frames"] == 6 and np.isfinite(result["final"]["loss"])
+
+
+def test_dagger_labels_never_time_a_move_out_while_the_policy_stalls():
+    from agents.vla.dagger import dagger_episode
+
+    class Stalled:  # holds still with the gripper open: the expert must keep saying "move"
+        def act(self, obs, temperature=1.0, generator=None):
+            return type("Out", (), {"actions": np.array([[0, 0, 0, 0, 0, 0, -1.0]], np.float32)})()
+
+    env = LiberoLongEnv(task_id=7, cameras=False, render_mode="rgb_array", object_state=False, max_episode_steps=120)
+    try:  # 30 decisions: past the expert's own 20-decision timeout at action_repeat 4
+        episode, stats = dagger_episode(env, Stalled(), 0, seed=0, beta=0.0, image_size=32)
+    finally:
+        env.close()
+    assert stats["decisions"] == 30 and stats["agreement"] < 0.5 and stats["expert_share"] == 0.0
+    assert stats["expert_phase"] in ("clear", "approach") and (episode.actions[:, 0, 6] == -1.0).all()  # never "grasp"

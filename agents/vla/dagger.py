@@ -36,7 +36,11 @@ import torch
 
 from agents.vla.demos import DemoCache, DemoDataset, DemoEpisode, episode_digest
 
-__all__ = ["DaggerRound", "dagger_episode", "weights_digest", "agrees"]
+__all__ = ["DaggerRound", "dagger_episode", "weights_digest", "agrees", "LABEL_PHASE_TIMEOUT"]
+
+#: The labelling expert's phase timeout (env steps): longer than any episode, so a move
+#: phase ends only when its goal is reached.
+LABEL_PHASE_TIMEOUT = 10**6
 
 
 def agrees(policy_action: np.ndarray, label: np.ndarray, tolerance: float = 0.2) -> bool:
@@ -82,7 +86,8 @@ def dagger_episode(
     Returns the episode (frames where the policy decided, ``(T, K, 7)`` expert labels) and
     its statistics: ``success`` (the simulator's verdict), ``steps``, ``decisions``,
     ``agreement`` (share of the policy's actions that :func:`agrees` with the label) and
-    ``expert_share`` (share of executed actions that were the expert's). The mixing draws
+    ``expert_share`` (share of executed actions that were the expert's) and ``expert_phase``
+    (the labelling expert's plan phase at the end: how far the task got). The mixing draws
     are seeded by ``(seed, init_state)`` and the env is reset with ``seed``."""
     from agents.vla.expert import ExpertConfig, ScriptedExpert, per_decision
     from agents.vla.rollout import add_views, policy_obs
@@ -91,7 +96,10 @@ def dagger_episode(
         raise ValueError(f"beta must be in [0, 1], got {beta}")
     base = env.unwrapped
     obs, _ = env.reset(seed=seed, options={"init_state": int(init_state)})
-    expert = ScriptedExpert(base.sim_env, per_decision(ExpertConfig(), action_repeat))
+    # Moves never time out here: the expert's phases time out into the next one (robust when
+    # it drives itself), but while the policy drives, a timed-out descend would advance to
+    # "grasp" wherever the gripper happens to be and label "close the gripper" there.
+    expert = ScriptedExpert(base.sim_env, per_decision(ExpertConfig(phase_timeout=LABEL_PHASE_TIMEOUT), action_repeat))
     rng = np.random.default_rng([seed, int(init_state)])
     views: list[dict[str, Any]] = []
     labels: list[np.ndarray] = []
@@ -145,6 +153,7 @@ def dagger_episode(
         "decisions": len(views),
         "agreement": round(agree / max(1, actions), 4),
         "expert_share": round(expert_actions / max(1, actions), 4),
+        "expert_phase": expert.phase,
     }
     return episode, stats
 
@@ -254,6 +263,7 @@ class DaggerRound:
                     "max_episode_steps": max_episode_steps,
                     "policy": str(self.policy),
                     "policy_digest": digest,
+                    "label_phase_timeout": LABEL_PHASE_TIMEOUT,
                     **stats,
                     "cpu_s": round(time.process_time() - t0, 1),
                     "digest": episode_digest(episode),
