@@ -391,3 +391,22 @@ def test_summary_pools_tasks_with_wilson_intervals_and_refuses_double_counting(t
     with pytest.raises(ValueError, match="task 0 split OOD appears twice"):
         main(["summary", "--policy", a, a])
     assert main(["summary", "--policy", "no-equals-sign"]) == 2
+
+
+def test_expert_move_timeout_counts_only_steps_near_the_goal_when_a_radius_is_set():
+    import itertools
+
+    from agents.vla.expert import ExpertConfig, ScriptedExpert
+
+    expert = object.__new__(ScriptedExpert)  # the plan logic alone, no simulator
+    where = [np.array([0.5, 0.0, 0.0])]
+    expert._eef_pos = lambda: where[0]
+    goal = lambda: np.zeros(3)  # noqa: E731
+    expert.config = ExpertConfig(phase_timeout=3)
+    assert len(list(expert._move(goal, -1.0, "descend"))) == 3  # the demonstrating expert: every step counts
+    expert.config = ExpertConfig(phase_timeout=3, timeout_radius=0.05)
+    assert len(list(itertools.islice(expert._move(goal, -1.0, "descend"), 50))) == 50  # far off: keep moving
+    where[0] = np.array([0.02, 0.0, 0.0])
+    assert len(list(expert._move(goal, -1.0, "descend"))) == 3 and expert.phase == "descend"  # near: time out
+    where[0] = np.array([0.005, 0.0, 0.0])
+    assert list(expert._move(goal, -1.0, "descend")) == []  # within tolerance: done

@@ -36,11 +36,11 @@ import torch
 
 from agents.vla.demos import DemoCache, DemoDataset, DemoEpisode, episode_digest
 
-__all__ = ["DaggerRound", "dagger_episode", "weights_digest", "agrees", "LABEL_PHASE_TIMEOUT"]
+__all__ = ["DaggerRound", "dagger_episode", "weights_digest", "agrees", "LABEL_TIMEOUT_RADIUS"]
 
-#: The labelling expert's phase timeout (env steps): longer than any episode, so a move
-#: phase ends only when its goal is reached.
-LABEL_PHASE_TIMEOUT = 10**6
+#: The labelling expert's ``ExpertConfig.timeout_radius`` (m): a move phase times out into the
+#: next one only after its timeout's worth of steps within 3 cm of its goal (tolerance 1 cm).
+LABEL_TIMEOUT_RADIUS = 0.03
 
 
 def agrees(policy_action: np.ndarray, label: np.ndarray, tolerance: float = 0.2) -> bool:
@@ -96,10 +96,11 @@ def dagger_episode(
         raise ValueError(f"beta must be in [0, 1], got {beta}")
     base = env.unwrapped
     obs, _ = env.reset(seed=seed, options={"init_state": int(init_state)})
-    # Moves never time out here: the expert's phases time out into the next one (robust when
-    # it drives itself), but while the policy drives, a timed-out descend would advance to
-    # "grasp" wherever the gripper happens to be and label "close the gripper" there.
-    expert = ScriptedExpert(base.sim_env, per_decision(ExpertConfig(phase_timeout=LABEL_PHASE_TIMEOUT), action_repeat))
+    # The expert's move phases time out into the next one (robust when it drives itself), but
+    # while the policy drives, a timed-out descend would advance to "grasp" wherever the
+    # gripper had wandered and label "close the gripper" there: only steps near the goal count.
+    config = ExpertConfig(timeout_radius=LABEL_TIMEOUT_RADIUS)
+    expert = ScriptedExpert(base.sim_env, per_decision(config, action_repeat))
     rng = np.random.default_rng([seed, int(init_state)])
     views: list[dict[str, Any]] = []
     labels: list[np.ndarray] = []
@@ -263,7 +264,7 @@ class DaggerRound:
                     "max_episode_steps": max_episode_steps,
                     "policy": str(self.policy),
                     "policy_digest": digest,
-                    "label_phase_timeout": LABEL_PHASE_TIMEOUT,
+                    "label_timeout_radius": LABEL_TIMEOUT_RADIUS,
                     **stats,
                     "cpu_s": round(time.process_time() - t0, 1),
                     "digest": episode_digest(episode),

@@ -54,6 +54,10 @@ class ExpertConfig:
         tolerance: position error that ends a move phase (m).
         grip_steps: env steps spent closing (and opening) the gripper.
         phase_timeout: most env steps per move phase before the expert moves on.
+        timeout_radius: when set, a move phase's timeout counts only the steps spent within
+            this distance of its goal (m): a goal the gripper cannot quite reach (an object's
+            top) still ends in a grasp, while a gripper that is far off -- a policy driving,
+            :mod:`agents.vla.dagger` -- is told to come back rather than to grasp where it is.
         noise_std: DART noise on the executed action (action units); 0 = none.
         attempts: passes over the goal predicates that do not hold yet (a failed grasp is retried).
     """
@@ -66,6 +70,7 @@ class ExpertConfig:
     tolerance: float = 0.01
     grip_steps: int = 12
     phase_timeout: int = 80
+    timeout_radius: float | None = None
     noise_std: float = 0.0
     attempts: int = 2
 
@@ -200,10 +205,14 @@ class ScriptedExpert:
     # -- the plan -------------------------------------------------------------------------
     def _move(self, target: Callable[[], np.ndarray], gripper: float, phase: str) -> Iterator[tuple[np.ndarray, float]]:
         self.phase = phase
-        for _ in range(self.config.phase_timeout):
+        radius = self.config.timeout_radius
+        spent = 0
+        while spent < self.config.phase_timeout:
             goal = target()
-            if np.linalg.norm(goal - self._eef_pos()) < self.config.tolerance:
+            distance = np.linalg.norm(goal - self._eef_pos())
+            if distance < self.config.tolerance:
                 return
+            spent += radius is None or distance <= radius
             yield goal, gripper
 
     def _hold(self, gripper: float, steps: int, phase: str) -> Iterator[tuple[np.ndarray, float]]:
