@@ -212,7 +212,8 @@ class ScriptedExpert:
             distance = np.linalg.norm(goal - self._eef_pos())
             if distance < self.config.tolerance:
                 return
-            spent += radius is None or distance <= radius
+            if radius is None or distance <= radius:
+                spent += 1
             yield goal, gripper
 
     def _hold(self, gripper: float, steps: int, phase: str) -> Iterator[tuple[np.ndarray, float]]:
