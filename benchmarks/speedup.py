@@ -611,8 +611,8 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
         todo = [a for a in config.arms if finished[a] is None]
         for arm in config.arms:
             done = finished[arm]
-            if done is not None:  # arms saved before the anchor metrics existed get them from their history
-                rows.append({**anchor_fields(arm, done["history"], done["row"]["cost_cpu_s"]), **done["row"]})
+            if done is not None:
+                rows.append(_saved_row(arm, done))
                 histories[f"{arm}-seed{seed}"] = done["history"]
                 guard_events[f"{arm}-seed{seed}"] = done["guard_events"]
                 bar.update()
@@ -716,6 +716,12 @@ def _save_arm(saved: Path, arm: str, seed: int, payload: Mapping[str, Any]) -> N
     tmp.replace(saved / f"{arm}-seed{seed}.json.gz")  # atomic: a killed run leaves no half file
 
 
+def _saved_row(arm: str, done: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved arm's summary row; arms saved before the anchor metrics existed get them from
+    their history."""
+    return {**anchor_fields(arm, done["history"], done["row"]["cost_cpu_s"]), **done["row"]}
+
+
 def _finished_arm(saved: Path, arm: str, seed: int) -> dict[str, Any] | None:
     """The saved arm x seed (``.json.gz``, or the plain ``.json`` of runs before), if finished."""
     packed, plain = saved / f"{arm}-seed{seed}.json.gz", saved / f"{arm}-seed{seed}.json"
@@ -741,11 +747,7 @@ def partial_summary(run_dir: Path) -> dict[str, Any]:
         if any(done is None for done in finished.values()):
             continue
         complete.append(seed)
-        rows += [
-            {**anchor_fields(arm, done["history"], done["row"]["cost_cpu_s"]), **done["row"]}
-            for arm, done in finished.items()
-            if done is not None
-        ]
+        rows += [_saved_row(arm, done) for arm, done in finished.items() if done is not None]
     if not complete:
         raise FileNotFoundError(f"no seed in {run_dir / 'arms'} has every arm ({', '.join(planned.arms)}) finished")
     config = replace(planned, seeds=tuple(complete))

@@ -239,18 +239,17 @@ class DaggerRound:
                     env = policy_env(task, image_size=image_size, max_episode_steps=max_episode_steps)
                     env_task = task
                 t0 = time.process_time()
-                with torch.no_grad():
-                    episode, stats = dagger_episode(
-                        env,
-                        model,
-                        init,
-                        seed=try_seed,
-                        beta=self.beta,
-                        action_repeat=action_repeat,
-                        image_size=image_size,
-                        temperature=self.temperature,
-                        generator=generator,
-                    )
+                episode, stats = dagger_episode(
+                    env,
+                    model,
+                    init,
+                    seed=try_seed,
+                    beta=self.beta,
+                    action_repeat=action_repeat,
+                    image_size=image_size,
+                    temperature=self.temperature,
+                    generator=generator,
+                )
                 key = self.try_key(task, init, try_seed, action_repeat, image_size, max_episode_steps)
                 record = {
                     "key": key,
