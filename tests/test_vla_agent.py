@@ -369,6 +369,16 @@ def test_multitask_sft_conditions_on_the_instruction(tmp_path, chunk):
         }
         moves = np.asarray(model.act(obs, temperature=0.0).actions).reshape(-1, 7)[:, :6]
         assert np.sign(moves).tolist() == [[np.sign(value)] * 6] * chunk, (text, moves)
+    # the offline frame-error metric agrees: the fitted policy gets every frame of both tasks right
+    from agents.vla.__main__ import main
+
+    demos = data.save(tmp_path / "demos.npz")
+    report = tmp_path / "frame_errors.json"
+    assert main(["frame-errors", "--policy", result["checkpoint"], "--demos", str(demos), "--output", str(report)]) == 0
+    errors = json.loads(report.read_text())
+    assert errors["overall"] == {"frames": 20, "wrong": 0, "rate": 0.0, "episodes": 2}
+    assert sorted(errors["per_task"]) == sorted(tasks)
+    assert main(["frame-errors", "--policy", result["checkpoint"]]) == 2  # nothing to score
 
 
 def test_summary_pools_tasks_with_wilson_intervals_and_refuses_double_counting(tmp_path, capsys):

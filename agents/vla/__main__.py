@@ -380,6 +380,26 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_frame_errors(args: argparse.Namespace) -> int:
+    from agents.vla.demos import DemoCache, DemoDataset
+    from agents.vla.evaluate import frame_errors
+    from agents.vla.model import MiniVLA
+
+    paths = [Path(p) for p in args.demos]
+    for cache in args.demo_cache:
+        paths += DemoCache(Path(cache)).paths(args.tasks or None)
+    if not paths:
+        print("frame-errors: no demonstrations (pass --demos FILE.npz or --demo-cache DIR)", file=sys.stderr)
+        return 2
+    result = frame_errors(MiniVLA.load(args.policy), DemoDataset.load(*paths), args.arm_tolerance)
+    result["policy"] = args.policy
+    print(json.dumps(result, indent=1))
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(result, indent=1))
+    return 0
+
+
 def _cmd_summary(args: argparse.Namespace) -> int:
     from agents.vla.evaluate import markdown_table, summarize
 
@@ -400,7 +420,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from agents.vla.evaluate import EvalConfig
+    from agents.vla.evaluate import ARM_TOLERANCE, EvalConfig
     from agents.vla.sft import SFTConfig
     from agents.vla.trainer import VLAGRPOConfig
     from wrappers import CalibrationConfig
@@ -426,6 +446,16 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="Avg / Best@8 / All@8 success (ID 0-15, OOD 16-49)")
     add_config_arguments(p, EvalConfig)
     p.add_argument("--threads", type=int, default=1)
+    p = sub.add_parser("frame-errors", help="greedy first action vs the expert's label on recorded frames (offline)")
+    p.add_argument("--policy", required=True, help="MiniVLA checkpoint directory")
+    p.add_argument("--demos", nargs="*", default=[], help="demonstration files (.npz)")
+    p.add_argument("--demo-cache", nargs="*", default=[], help="DemoCache / DAgger directories (kept episodes)")
+    p.add_argument("--tasks", nargs="*", type=int, default=[], help="tasks taken from the caches (default: all)")
+    p.add_argument(
+        "--arm-tolerance", type=float, default=ARM_TOLERANCE, help="largest arm error that still counts as right"
+    )
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--output", default=None, help="JSON file to write")
     p = sub.add_parser("summary", help="per-task and pooled success with Wilson intervals from evaluation files")
     p.add_argument("--policy", nargs="+", required=True, help="NAME=EVAL_JSON (repeat a name for one file per task)")
     p.add_argument("--output", default=None, help="JSON file to write")
@@ -444,6 +474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sft": _cmd_sft,
         "train": _cmd_train,
         "evaluate": _cmd_evaluate,
+        "frame-errors": _cmd_frame_errors,
         "summary": _cmd_summary,
     }[args.cmd]
     return handler(args)

@@ -8,7 +8,7 @@ Every success rate comes with its Wilson 95% interval (:func:`wilson_interval`),
 pooled over tasks (:func:`overall_rows`).
 
 Classes: :class:`EvalConfig`, :class:`RandomPolicy`. Functions: :func:`success_metrics`,
-:func:`wilson_interval`, :func:`overall_rows`, :func:`summarize`, :func:`load_policy`, :func:`policy_env`,
+:func:`wilson_interval`, :func:`frame_errors`, :func:`overall_rows`, :func:`summarize`, :func:`load_policy`, :func:`policy_env`,
 :func:`evaluate_policy`, :func:`evaluate_tasks`, :func:`markdown_table`.
 
 >>> success_metrics({0: [True] * 8, 1: [False, True] + [False] * 6, 2: [False] * 8})
@@ -31,6 +31,7 @@ __all__ = [
     "EvalConfig",
     "success_metrics",
     "wilson_interval",
+    "frame_errors",
     "overall_rows",
     "summarize",
     "load_policy",
@@ -116,6 +117,70 @@ def success_metrics(successes: Mapping[int, Sequence[bool]]) -> dict[str, Any]:
         "all_at_k": round(float(np.mean([v.all() for v in per])), 4),
         "init_states": len(per),
         "episodes": int(sum(len(v) for v in per)),
+    }
+
+
+ARM_TOLERANCE = 0.3
+"""An arm action (normalised to [-1, 1]) further than this from the expert's label counts as wrong."""
+
+
+def frame_errors(policy: Any, data: Any, arm_tolerance: float = ARM_TOLERANCE, batch: int = 64) -> dict[str, Any]:
+    """How often the greedy policy's first action disagrees with the expert's label on the
+    frames of ``data`` (a :class:`~agents.vla.demos.DemoDataset`): an arm dimension off by more
+    than ``arm_tolerance`` or the wrong gripper sign. An offline dev metric that needs no
+    simulator: on training demonstrations it says whether the policy has fitted them, on
+    demonstrations from held-out init states whether it generalises. Frames of one episode are
+    correlated, so the rate's uncertainty is wider than a per-frame binomial; hence per task
+    the ``episodes`` count beside ``frames``.
+
+    Returns ``{"per_task": {instruction: {"frames", "wrong", "rate", "episodes"}},
+    "overall": {...}, "arm_tolerance": ...}``; DAgger frames (``(T, K, 7)`` labels) are
+    compared on their first label.
+
+    >>> from types import SimpleNamespace
+    >>> from agents.vla.demos import DemoDataset, DemoEpisode
+    >>> views = np.zeros((3, 8, 8, 3), np.uint8)
+    >>> labels = np.array([[0.5, 0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 0, 0, -1]], np.float32)
+    >>> ep = DemoEpisode("pick", views, views, np.zeros((3, 9), np.float32), labels)
+    >>> class Still:  # never moves, gripper always open (-1)
+    ...     def act(self, obs, temperature=1.0):
+    ...         a = np.zeros((len(obs["instruction"]), 7), np.float32)
+    ...         a[:, 6] = -1
+    ...         return SimpleNamespace(actions=a)
+    >>> frame_errors(Still(), DemoDataset([ep]))["overall"]
+    {'frames': 3, 'wrong': 2, 'rate': 0.6667, 'episodes': 1}
+    """
+    per_task: dict[str, dict[str, int]] = {}
+    for ep in data.episodes:
+        labels = ep.actions[:, 0] if ep.actions.ndim == 3 else ep.actions
+        wrong = 0
+        for start in range(0, len(ep), batch):
+            part = slice(start, start + batch)
+            n = len(labels[part])
+            obs = {
+                "agentview_image": ep.agentview[part],
+                "wrist_image": ep.wrist[part],
+                "proprio": ep.proprio[part],
+                "instruction": [ep.instruction] * n,
+            }
+            first = np.asarray(policy.act(obs, temperature=0.0).actions, dtype=np.float32).reshape(n, -1, 7)[:, 0]
+            arm_off = np.abs(first[:, :6] - labels[part, :6]).max(axis=1) > arm_tolerance
+            gripper_off = np.sign(first[:, 6]) != np.sign(labels[part, 6])
+            wrong += int((arm_off | gripper_off).sum())
+        row = per_task.setdefault(ep.instruction, {"frames": 0, "wrong": 0, "episodes": 0})
+        row["frames"] += len(labels)
+        row["wrong"] += wrong
+        row["episodes"] += 1
+
+    def _rated(row: Mapping[str, int]) -> dict[str, Any]:
+        rate = round(row["wrong"] / row["frames"], 4) if row["frames"] else None
+        return {"frames": row["frames"], "wrong": row["wrong"], "rate": rate, "episodes": row["episodes"]}
+
+    total = {k: sum(r[k] for r in per_task.values()) for k in ("frames", "wrong", "episodes")}
+    return {
+        "per_task": {name: _rated(row) for name, row in per_task.items()},
+        "overall": _rated(total),
+        "arm_tolerance": arm_tolerance,
     }
 
 
