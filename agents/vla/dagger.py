@@ -35,26 +35,13 @@ import numpy as np
 import torch
 
 from agents.vla.demos import DemoCache, DemoDataset, DemoEpisode, episode_digest
+from agents.vla.evaluate import agrees
 
 __all__ = ["DaggerRound", "dagger_episode", "weights_digest", "agrees", "LABEL_TIMEOUT_RADIUS"]
 
 #: The labelling expert's ``ExpertConfig.timeout_radius`` (m): a move phase times out into the
 #: next one only after its timeout's worth of steps within 3 cm of its goal (tolerance 1 cm).
 LABEL_TIMEOUT_RADIUS = 0.03
-
-
-def agrees(policy_action: np.ndarray, label: np.ndarray, tolerance: float = 0.2) -> bool:
-    """Whether a policy action matches the expert's label: every arm dimension within
-    ``tolerance`` (actions live in [-1, 1]) and the same gripper command.
-
-    >>> agrees(np.array([0.1, 0, 0, 0, 0, 0, -1.0]), np.array([0.2, 0, 0, 0, 0, 0, -1.0]))
-    True
-    >>> agrees(np.array([0.1, 0, 0, 0, 0, 0, 1.0]), np.array([0.1, 0, 0, 0, 0, 0, -1.0]))
-    False
-    """
-    return bool(
-        np.abs(policy_action[:6] - label[:6]).max() <= tolerance and np.sign(policy_action[6]) == np.sign(label[6])
-    )
 
 
 def weights_digest(model: torch.nn.Module) -> str:

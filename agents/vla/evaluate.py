@@ -8,7 +8,7 @@ Every success rate comes with its Wilson 95% interval (:func:`wilson_interval`),
 pooled over tasks (:func:`overall_rows`).
 
 Classes: :class:`EvalConfig`, :class:`RandomPolicy`. Functions: :func:`success_metrics`,
-:func:`wilson_interval`, :func:`frame_errors`, :func:`overall_rows`, :func:`summarize`, :func:`load_policy`, :func:`policy_env`,
+:func:`wilson_interval`, :func:`agrees`, :func:`frame_errors`, :func:`overall_rows`, :func:`summarize`, :func:`load_policy`, :func:`policy_env`,
 :func:`evaluate_policy`, :func:`evaluate_tasks`, :func:`markdown_table`.
 
 >>> success_metrics({0: [True] * 8, 1: [False, True] + [False] * 6, 2: [False] * 8})
@@ -32,6 +32,7 @@ __all__ = [
     "success_metrics",
     "wilson_interval",
     "frame_errors",
+    "agrees",
     "overall_rows",
     "summarize",
     "load_policy",
@@ -124,6 +125,22 @@ ARM_TOLERANCE = 0.3
 """An arm action (normalised to [-1, 1]) further than this from the expert's label counts as wrong."""
 
 
+def agrees(policy_action: np.ndarray, label: np.ndarray, tolerance: float = 0.2) -> Any:
+    """Whether a policy action matches the expert's label: every arm dimension within
+    ``tolerance`` (actions live in [-1, 1]) and the same gripper command. One ``(7,)`` action
+    gives a ``bool``, ``(n, 7)`` rows a boolean array.
+
+    >>> agrees(np.array([0.1, 0, 0, 0, 0, 0, -1.0]), np.array([0.2, 0, 0, 0, 0, 0, -1.0]))
+    True
+    >>> agrees(np.array([[0.1, 0, 0, 0, 0, 0, 1.0]] * 2), np.array([[0.1, 0, 0, 0, 0, 0, -1.0], [0.5, 0, 0, 0, 0, 0, 1.0]]))
+    array([False, False])
+    """
+    actions, labels = np.atleast_2d(policy_action), np.atleast_2d(label)
+    arm_ok = np.abs(actions[:, :6] - labels[:, :6]).max(axis=1) <= tolerance
+    match = arm_ok & (np.sign(actions[:, 6]) == np.sign(labels[:, 6]))
+    return match if np.ndim(policy_action) == 2 else bool(match[0])
+
+
 def frame_errors(policy: Any, data: Any, arm_tolerance: float = ARM_TOLERANCE, batch: int = 64) -> dict[str, Any]:
     """How often the greedy policy's first action disagrees with the expert's label on the
     frames of ``data`` (a :class:`~agents.vla.demos.DemoDataset`): an arm dimension off by more
@@ -164,9 +181,7 @@ def frame_errors(policy: Any, data: Any, arm_tolerance: float = ARM_TOLERANCE, b
                 "instruction": [ep.instruction] * n,
             }
             first = np.asarray(policy.act(obs, temperature=0.0).actions, dtype=np.float32).reshape(n, -1, 7)[:, 0]
-            arm_off = np.abs(first[:, :6] - labels[part, :6]).max(axis=1) > arm_tolerance
-            gripper_off = np.sign(first[:, 6]) != np.sign(labels[part, 6])
-            wrong += int((arm_off | gripper_off).sum())
+            wrong += int((~agrees(first, labels[part], arm_tolerance)).sum())
         row = per_task.setdefault(ep.instruction, {"frames": 0, "wrong": 0, "episodes": 0})
         row["frames"] += len(labels)
         row["wrong"] += wrong
