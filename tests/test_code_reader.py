@@ -297,6 +297,21 @@ def test_corpus_jobs_are_deterministic_and_split_up_front():
     assert set(EXPLOIT_TABLES) <= set(HELDOUT_TABLES)
 
 
+def test_growing_the_train_tables_with_a_new_seed_adds_new_scripts_and_no_held_out_table(monkeypatch):
+    import wmrl_envs.world_models.agent_corpus as agent_corpus
+    from wmrl_envs.world_models.cli import main
+
+    calls = []
+    monkeypatch.setattr(
+        agent_corpus, "grow_agent_corpus", lambda *a, **kw: calls.append(kw) or {"done": 0, "ran": 0, "left": 0}
+    )
+    main(["grow-agent-corpus", "--train-tables", "--seed", "1"])
+    tasks = calls[0]["tasks"]
+    assert calls[0]["seed"] == 1 and tasks and not set(tasks) & set(HELDOUT_TABLES)
+    fresh = corpus_jobs(seed=1, tasks=tasks[:2])
+    assert not {j["job_id"] for j in fresh} & {j["job_id"] for j in corpus_jobs(seed=0, tasks=tasks[:2])}
+
+
 def test_shipped_agent_corpus_has_real_outcomes_on_held_out_tables():
     path = agent_corpus_path()
     assert path.is_file(), "the agent corpus ships with the package"

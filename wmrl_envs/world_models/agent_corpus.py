@@ -24,6 +24,9 @@ Run it niced in the background (resumable; ``--budget-minutes`` stops starting n
 
     nice -n 19 wmrl-wm grow-agent-corpus --budget-minutes 60 --workers 2 &
 
+More scripts for fitting only: another draw of plans on the train-split tables (``--seed 1
+--train-tables``; job ids name the plan, so a second draw never repeats a first draw's run).
+
 Functions: :func:`corpus_jobs`, :func:`grow_agent_corpus`, :func:`read_agent_corpus`,
 :func:`agent_corpus_path`. Constants: :data:`HELDOUT_TABLES`, :data:`HELDOUT_FAMILIES`,
 :data:`EXPLOIT_TABLES`, :data:`CORPUS_LIMITS`.

@@ -163,6 +163,12 @@ def _command(argv: Sequence[str] | None = None) -> int:
     agent.add_argument("--budget-minutes", type=float, default=60.0, help="start no new run after this (default 60)")
     agent.add_argument("--workers", type=int, default=2, help="runs at once (default 2)")
     agent.add_argument("--tasks", nargs="+", help="only these catalog tasks (default: all 36)")
+    agent.add_argument(
+        "--seed", type=int, default=0, help="draw of the plans (default 0; another seed adds new scripts)"
+    )
+    agent.add_argument(
+        "--train-tables", action="store_true", help="only tables outside HELDOUT_TABLES (grows the fit data only)"
+    )
     args = parser.parse_args(argv)
 
     if args.command == "fit":
@@ -228,9 +234,15 @@ def _command(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
         print(f"corpus: {len(state['done'])} tasks logged, {len(state['skipped'])} sources skipped")
     elif args.command == "grow-agent-corpus":
-        from wmrl_envs.world_models.agent_corpus import grow_agent_corpus
+        from wmrl_envs.autoresearch.tasks import list_catalog
+        from wmrl_envs.world_models.agent_corpus import HELDOUT_TABLES, grow_agent_corpus
 
-        counts = grow_agent_corpus(args.out, budget_minutes=args.budget_minutes, workers=args.workers, tasks=args.tasks)
+        tasks = args.tasks or (list_catalog(None, None) if args.train_tables else None)
+        if args.train_tables:
+            tasks = [t for t in tasks if t not in HELDOUT_TABLES]
+        counts = grow_agent_corpus(
+            args.out, budget_minutes=args.budget_minutes, workers=args.workers, tasks=tasks, seed=args.seed
+        )
         print(f"agent corpus: {counts['done']} runs logged ({counts['ran']} new), {counts['left']} left")
     else:
         model = _load_model(args.model).update(with_landmarks(read_logs(args.logs), task_root=args.task_root))
