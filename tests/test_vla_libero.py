@@ -99,6 +99,10 @@ def test_demo_cache_resumes_and_its_manifest_reproduces_a_demo_byte_for_byte(tmp
     assert [r["frames"] for r in longer] == [4]  # another episode limit is another try
     episode, same = DemoCache.reproduce(records[2])
     assert same and episode.agentview.shape == (3, 32, 32, 3) and episode.meta["seed"] == 1
+    # the funnel expert's try is another try, keyed and reproduced with its style
+    (funnel,) = cache.collect([7], [0], per_init=1, progress=False, expert_style="funnel", **short)
+    assert funnel["key"].endswith("-funnel") and funnel["digest"] != records[0]["digest"]
+    assert DemoCache.reproduce(funnel)[1] and "expert_style" not in records[0]
     assert cache.paths() == []
     with pytest.raises(FileNotFoundError, match="no demonstrations"):
         cache.load()

@@ -45,6 +45,7 @@ class ExpertRun:
         action_repeat: env steps each expert action is held for (1 = the simulator's 20 Hz).
         max_episode_steps: episode limit (above LIBERO's 520 so that near misses show).
         out: JSONL file to append one record per episode to (None: print only).
+        expert_style: how the expert moves (``phases`` or ``funnel``: :class:`~agents.vla.expert.ExpertConfig`).
     """
 
     tasks: tuple[int, ...] = (7,)
@@ -52,6 +53,7 @@ class ExpertRun:
     action_repeat: int = 1
     max_episode_steps: int = 600
     out: str | None = None
+    expert_style: str = "phases"
 
 
 @dataclass
@@ -74,6 +76,7 @@ class DemosRun:
         cache_dir: where the episodes go (default ``$WMRL_CACHE/vla-demos``).
         manifest: the manifest (default ``cache_dir/manifest.jsonl``; the committed one is
             ``docs/results/vla/demo_manifest.jsonl``).
+        expert_style: how the expert moves (``phases`` or ``funnel``: :class:`~agents.vla.expert.ExpertConfig`).
     """
 
     tasks: tuple[int, ...] = (0, 1, 4, 5, 6, 7)
@@ -86,6 +89,7 @@ class DemosRun:
     seed: int = 0
     cache_dir: str | None = None
     manifest: str | None = None
+    expert_style: str = "phases"
 
 
 @dataclass
@@ -187,28 +191,39 @@ def _threads(n: int) -> None:
 
 
 def _cmd_expert(args: argparse.Namespace) -> int:
-    from agents.vla.expert import ExpertConfig, run_expert
+    import numpy as np
+
+    from agents.vla.expert import ExpertConfig, near_label_jumps, run_expert
     from wmrl_envs.libero.env import LiberoLongEnv
 
     config = build_config(ExpertRun, {}, args)
     out = open(config.out, "a") if config.out else None
-    table: dict[int, list[bool]] = {}
+    table: dict[int, list[tuple[bool, int, int]]] = {}  # (success, decisions near a label jump, decisions)
     for task in config.tasks:
         env = LiberoLongEnv(task_id=task, cameras=False, max_episode_steps=config.max_episode_steps)
         try:
             for k in config.init_states:
-                r = run_expert(env, k, ExpertConfig(), action_repeat=config.action_repeat)
+                r = run_expert(
+                    env, k, ExpertConfig(style=config.expert_style), action_repeat=config.action_repeat, record=True
+                )
+                near = near_label_jumps(np.stack(r.actions))
                 rec = {"task": task, "init_state": k, "success": r.success, "steps": r.steps, "phase": r.phase}
+                rec |= {"decisions": len(near), "near_label_jumps": int(near.sum())}
+                rec |= {"expert_style": config.expert_style} if config.expert_style != "phases" else {}
                 print(json.dumps(rec), flush=True)
                 if out:
                     out.write(json.dumps(rec) + "\n")
                     out.flush()
-                table.setdefault(task, []).append(r.success)
+                table.setdefault(task, []).append((r.success, rec["near_label_jumps"], len(near)))
         finally:
             env.close()
-    print("\n| task | successes | init states |\n|---|---|---|")
+    print("\n| task | successes | init states | decisions within one of a label jump |\n|---|---|---|---|")
     for task, v in table.items():
-        print(f"| {task} | {sum(v)}/{len(v)} | {min(config.init_states)}-{max(config.init_states)} |")
+        near_sum, decisions = sum(n for _, n, _ in v), sum(d for _, _, d in v)
+        print(
+            f"| {task} | {sum(ok for ok, _, _ in v)}/{len(v)} | {min(config.init_states)}-{max(config.init_states)} "
+            f"| {near_sum}/{decisions} ({near_sum / max(1, decisions):.0%}) |"
+        )
     return 0
 
 
@@ -226,6 +241,7 @@ def _cmd_demos(args: argparse.Namespace) -> int:
         image_size=config.image_size,
         action_repeat=config.action_repeat,
         max_episode_steps=config.max_episode_steps,
+        expert_style=config.expert_style,
     )
     records = cache.records()
     print(

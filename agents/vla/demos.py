@@ -153,6 +153,7 @@ def demonstrate(
     noise_std: float,
     image_size: int = 64,
     action_repeat: int = 4,
+    expert_style: str = "phases",
 ) -> tuple[DemoEpisode, bool, int]:
     """One scripted-expert episode of ``env`` (a state-only
     :class:`~wmrl_envs.libero.env.LiberoLongEnv`, ``cameras=False``) from ``init_state``,
@@ -161,14 +162,15 @@ def demonstrate(
     One frame per decision (each held ``action_repeat`` env steps), its two camera views
     rendered at that decision (:func:`agents.vla.rollout.add_views`: what the policy sees in
     GRPO rollouts and evaluation). The expert's noise is seeded by ``(seed, init_state)`` and
-    the env is reset with ``seed``, so the same arguments give the same demonstration."""
+    the env is reset with ``seed``, so the same arguments give the same demonstration.
+    ``expert_style`` is :attr:`~agents.vla.expert.ExpertConfig.style`."""
     from agents.vla.expert import ExpertConfig, run_expert
 
     base = env.unwrapped
     result = run_expert(
         env,
         init_state,
-        ExpertConfig(noise_std=noise_std),
+        ExpertConfig(noise_std=noise_std, style=expert_style),
         seed=seed,
         record=True,
         action_repeat=action_repeat,
@@ -188,6 +190,7 @@ def demonstrate(
             "noise_std": float(noise_std),
             "action_repeat": int(action_repeat),
             "source": "scripted-expert",
+            **({"expert_style": expert_style} if expert_style != "phases" else {}),
         },
     )
     return episode, bool(result.success), int(result.steps)
@@ -236,12 +239,20 @@ class DemoCache:
 
     @staticmethod
     def try_key(
-        task: int, init_state: int, seed: int, noise_std: float, action_repeat: int, image_size: int, max_steps: int
+        task: int,
+        init_state: int,
+        seed: int,
+        noise_std: float,
+        action_repeat: int,
+        image_size: int,
+        max_steps: int,
+        expert_style: str = "phases",
     ) -> str:
-        """The identity of one try (and its file stem): every argument changes the episode."""
+        """The identity of one try (and its file stem): every argument changes the episode
+        (the default expert style is left out of the key, as before styles existed)."""
         return (
             f"task{task}/init{init_state:02d}-seed{seed}-noise{noise_std:g}-repeat{action_repeat}"
-            f"-px{image_size}-limit{max_steps}"
+            f"-px{image_size}-limit{max_steps}" + ("" if expert_style == "phases" else f"-{expert_style}")
         )
 
     @classmethod
@@ -256,6 +267,7 @@ class DemoCache:
             int(record["action_repeat"]),
             int(record["image_size"]),
             int(record["max_episode_steps"]),
+            record.get("expert_style", "phases"),
         )
 
     def records(self) -> list[dict[str, Any]]:
@@ -275,6 +287,7 @@ class DemoCache:
         image_size: int = 64,
         action_repeat: int = 4,
         max_episode_steps: int = 600,
+        expert_style: str = "phases",
         progress: bool = True,
     ) -> list[dict[str, Any]]:
         """Run every try ``(task, init, seed + k)`` the manifest does not hold yet; returns the
@@ -288,7 +301,8 @@ class DemoCache:
             for t in tasks
             for i in init_states
             for k in range(per_init)
-            if self.try_key(t, i, seed + k, noise_std, action_repeat, image_size, max_episode_steps) not in done
+            if self.try_key(t, i, seed + k, noise_std, action_repeat, image_size, max_episode_steps, expert_style)
+            not in done
         ]
         self.manifest.parent.mkdir(parents=True, exist_ok=True)
         new: list[dict[str, Any]] = []
@@ -302,9 +316,17 @@ class DemoCache:
                     env, env_task = _demo_env(task, image_size, max_episode_steps), task
                 t0 = time.process_time()
                 episode, success, steps = demonstrate(
-                    env, init, seed=try_seed, noise_std=noise_std, image_size=image_size, action_repeat=action_repeat
+                    env,
+                    init,
+                    seed=try_seed,
+                    noise_std=noise_std,
+                    image_size=image_size,
+                    action_repeat=action_repeat,
+                    expert_style=expert_style,
                 )
-                key = self.try_key(task, init, try_seed, noise_std, action_repeat, image_size, max_episode_steps)
+                key = self.try_key(
+                    task, init, try_seed, noise_std, action_repeat, image_size, max_episode_steps, expert_style
+                )
                 record = {
                     "key": key,
                     "task": task,
@@ -314,6 +336,7 @@ class DemoCache:
                     "action_repeat": action_repeat,
                     "image_size": image_size,
                     "max_episode_steps": max_episode_steps,
+                    **({"expert_style": expert_style} if expert_style != "phases" else {}),
                     "success": success,
                     "steps": steps,
                     "frames": len(episode),
@@ -363,6 +386,7 @@ class DemoCache:
                 noise_std=float(record["noise_std"]),
                 image_size=int(record["image_size"]),
                 action_repeat=int(record["action_repeat"]),
+                expert_style=record.get("expert_style", "phases"),
             )
         finally:
             env.close()

@@ -35,10 +35,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ExpertConfig", "ScriptedExpert", "ExpertResult", "run_expert", "per_decision", "PICK_AND_PLACE_TASKS"]
+__all__ = [
+    "ExpertConfig",
+    "ScriptedExpert",
+    "ExpertResult",
+    "run_expert",
+    "per_decision",
+    "PICK_AND_PLACE_TASKS",
+    "EXPERT_STYLES",
+    "near_label_jumps",
+]
 
 #: LIBERO-Long tasks whose goal is spatial predicates only (pick-and-place with no joint to move).
 PICK_AND_PLACE_TASKS = (0, 1, 4, 5, 6, 7, 8)
+#: The expert's ways of moving (:attr:`ExpertConfig.style`).
+EXPERT_STYLES = ("phases", "funnel")
 
 
 @dataclass
@@ -60,6 +71,12 @@ class ExpertConfig:
             :mod:`agents.vla.dagger` -- is told to come back rather than to grasp where it is.
         noise_std: DART noise on the executed action (action units); 0 = none.
         attempts: passes over the goal predicates that do not hold yet (a failed grasp is retried).
+        style: ``"phases"`` (a sequence of straight moves: clear, approach, align, descend,
+            lift, carry, lower; the demonstrations shipped so far) or ``"funnel"`` (each
+            reach is one move along a funnel, so the label is a continuous function of where
+            the gripper is: see :meth:`ScriptedExpert._funnel`).
+        funnel_radius: x-y distance from the goal within which the funnel descends (m).
+        climb: how far below the funnel the gripper may be and still move in x-y (m).
     """
 
     gain: float = 12.0
@@ -73,6 +90,13 @@ class ExpertConfig:
     timeout_radius: float | None = None
     noise_std: float = 0.0
     attempts: int = 2
+    style: str = "phases"
+    funnel_radius: float = 0.03
+    climb: float = 0.03
+
+    def __post_init__(self) -> None:
+        if self.style not in EXPERT_STYLES:
+            raise ValueError(f"style must be one of {EXPERT_STYLES}, got {self.style!r}")
 
 
 def _quat_to_rotvec(q: np.ndarray) -> np.ndarray:
@@ -216,6 +240,31 @@ class ScriptedExpert:
                 spent += 1
             yield goal, gripper
 
+    def _funnel(
+        self, target: Callable[[], np.ndarray], high_z: float, gripper: float, phase: str
+    ) -> Iterator[tuple[np.ndarray, float]]:
+        """Reach ``target()`` along a funnel: at ``high_z`` while farther than
+        :attr:`~ExpertConfig.funnel_radius` from it in x-y, descending linearly to its height
+        within that radius; while the gripper is below the funnel, its x-y motion is scaled
+        down linearly to nothing at :attr:`~ExpertConfig.climb` below (up first: never sweep
+        low). The phase machine's goal jumps when a move ends (0 to full speed in one step,
+        which a policy sees no cause for in its frames); this goal is a continuous function
+        of the gripper's and the objects' positions, so the label is too."""
+        self.phase = phase
+        c = self.config
+        spent = 0
+        while spent < c.phase_timeout:
+            goal, here = target(), self._eef_pos()
+            distance = np.linalg.norm(goal - here)
+            if distance < c.tolerance:
+                return
+            if c.timeout_radius is None or distance <= c.timeout_radius:
+                spent += 1
+            xy = goal[:2] - here[:2]
+            funnel_z = goal[2] + min(1.0, np.linalg.norm(xy) / c.funnel_radius) * max(0.0, high_z - goal[2])
+            go = float(np.clip(1.0 - (funnel_z - here[2]) / c.climb, 0.0, 1.0))
+            yield np.r_[here[:2] + go * xy, funnel_z], gripper
+
     def _hold(self, gripper: float, steps: int, phase: str) -> Iterator[tuple[np.ndarray, float]]:
         self.phase = phase
         here = self._eef_pos()
@@ -237,6 +286,9 @@ class ScriptedExpert:
         pos, bottom, top = self._extent(obj)
         grasp_dz = max(top - 0.03, bottom + 0.5 * (top - bottom)) - pos[2]  # grasp below the top
         grasp = lambda: self._extent(obj)[0] + np.array([0.0, 0.0, grasp_dz])  # noqa: E731
+        if c.style == "funnel":
+            yield from self._funnel_pick_place(obj, region, grasp, grasp_dz - (bottom - pos[2]))
+            return
         safe_z = max(self._eef_pos()[2], grasp()[2] + c.approach_height)
         yield from self._move(lambda: np.r_[self._eef_pos()[:2], safe_z], -1.0, "clear")  # up first: never sweep
         yield from self._move(lambda: np.r_[grasp()[:2], safe_z], -1.0, "approach")
@@ -251,6 +303,21 @@ class ScriptedExpert:
         yield from self._move(lambda: np.r_[self._target(region)[:2], carry_z], 1.0, "carry")
         release_z = self._target(region)[2] + c.release_height + (grasp_dz - (bottom - pos[2])) * 0.5
         yield from self._move(lambda: np.r_[self._target(region)[:2], release_z], 1.0, "lower")
+        yield from self._hold(-1.0, c.grip_steps, "release")
+        yield from self._move(lambda: self._eef_pos() * [1, 1, 0] + [0, 0, carry_z], -1.0, "rise")
+
+    def _funnel_pick_place(
+        self, obj: str, region: str, grasp: Callable[[], np.ndarray], held_below: float
+    ) -> Iterator[tuple[np.ndarray, float]]:
+        """The ``funnel`` style: reach the grasp point, close, reach the release point, open,
+        rise -- the same heights as the phase machine, two moves instead of seven."""
+        c = self.config
+        self._target_quat = self._grasp_quat(obj)  # turns on the way instead of above the object
+        yield from self._funnel(grasp, grasp()[2] + c.approach_height, -1.0, "reach")
+        yield from self._hold(1.0, c.grip_steps, "grasp")
+        carry_z = self._target(region)[2] + c.lift_height + held_below
+        release = lambda: np.r_[self._target(region)[:2], self._target(region)[2] + c.release_height + held_below * 0.5]  # noqa: E731
+        yield from self._funnel(release, carry_z, 1.0, "place")
         yield from self._hold(-1.0, c.grip_steps, "release")
         yield from self._move(lambda: self._eef_pos() * [1, 1, 0] + [0, 0, carry_z], -1.0, "rise")
 
@@ -281,6 +348,24 @@ class ExpertResult:
     observations: list[dict[str, Any]] = field(default_factory=list)
     actions: list[np.ndarray] = field(default_factory=list)
     phase: str = ""
+
+
+def near_label_jumps(actions: np.ndarray, threshold: float = 0.5) -> np.ndarray:
+    """Which frames of an episode's labels ``(T, 7)`` sit within one decision of a jump: an arm
+    dimension changing by more than ``threshold`` between consecutive decisions, or the
+    gripper flipping. Around a jump two nearly identical frames carry very different labels,
+    which a policy reading 64 px views cannot separate.
+
+    >>> a = np.zeros((5, 7)); a[:, 6] = -1; a[3:, 2] = -1.0
+    >>> near_label_jumps(a).tolist()
+    [False, False, True, True, False]
+    """
+    a = np.asarray(actions, dtype=float)
+    jump = (np.abs(np.diff(a[:, :6], axis=0)) > threshold).any(axis=1) | (np.diff(np.sign(a[:, 6])) != 0)
+    near = np.zeros(len(a), dtype=bool)
+    near[1:] |= jump
+    near[:-1] |= jump
+    return near
 
 
 def per_decision(config: ExpertConfig, action_repeat: int) -> ExpertConfig:
