@@ -198,7 +198,7 @@ def _cmd_expert(args: argparse.Namespace) -> int:
 
     config = build_config(ExpertRun, {}, args)
     out = open(config.out, "a") if config.out else None
-    table: dict[int, list[tuple[bool, int, int]]] = {}  # (success, decisions near a label jump, decisions)
+    table: dict[int, list[tuple[bool, int, int, int]]] = {}  # success, decisions near a jump / a still jump, decisions
     for task in config.tasks:
         env = LiberoLongEnv(task_id=task, cameras=False, max_episode_steps=config.max_episode_steps)
         try:
@@ -206,23 +206,34 @@ def _cmd_expert(args: argparse.Namespace) -> int:
                 r = run_expert(
                     env, k, ExpertConfig(style=config.expert_style), action_repeat=config.action_repeat, record=True
                 )
-                near = near_label_jumps(np.stack(r.actions))
+                actions, eef = np.stack(r.actions), np.stack([o["proprio"][:3] for o in r.observations])
+                near, still = near_label_jumps(actions), near_label_jumps(actions, eef)
                 rec = {"task": task, "init_state": k, "success": r.success, "steps": r.steps, "phase": r.phase}
-                rec |= {"decisions": len(near), "near_label_jumps": int(near.sum())}
+                rec |= {
+                    "decisions": len(near),
+                    "near_label_jumps": int(near.sum()),
+                    "near_still_jumps": int(still.sum()),
+                }
                 rec |= {"expert_style": config.expert_style} if config.expert_style != "phases" else {}
                 print(json.dumps(rec), flush=True)
                 if out:
                     out.write(json.dumps(rec) + "\n")
                     out.flush()
-                table.setdefault(task, []).append((r.success, rec["near_label_jumps"], len(near)))
+                table.setdefault(task, []).append(
+                    (r.success, rec["near_label_jumps"], rec["near_still_jumps"], len(near))
+                )
         finally:
             env.close()
-    print("\n| task | successes | init states | decisions within one of a label jump |\n|---|---|---|---|")
+    print(
+        "\n| task | successes | init states | decisions within one of a label jump | ... of a jump between frames < 1 cm apart |"
+        "\n|---|---|---|---|---|"
+    )
     for task, v in table.items():
-        near_sum, decisions = sum(n for _, n, _ in v), sum(d for _, _, d in v)
+        decisions = sum(row[3] for row in v)
+        n_near, n_still = (sum(row[i] for row in v) for i in (1, 2))
         print(
-            f"| {task} | {sum(ok for ok, _, _ in v)}/{len(v)} | {min(config.init_states)}-{max(config.init_states)} "
-            f"| {near_sum}/{decisions} ({near_sum / max(1, decisions):.0%}) |"
+            f"| {task} | {sum(row[0] for row in v)}/{len(v)} | {min(config.init_states)}-{max(config.init_states)} "
+            f"| {n_near}/{decisions} ({n_near / max(1, decisions):.0%}) | {n_still}/{decisions} ({n_still / max(1, decisions):.0%}) |"
         )
     return 0
 

@@ -75,6 +75,11 @@ class ExpertConfig:
             lift, carry, lower; the demonstrations shipped so far) or ``"funnel"`` (each
             reach is one move along a funnel, so the label is a continuous function of where
             the gripper is: see :meth:`ScriptedExpert._funnel`).
+        funnel_gain: the funnel style's proportional gain on the position error (1/m): half the
+            phase machine's, so that at the policy's decision rate (4 env steps) a label moves
+            by less per decision (with 12 the label of a continuous funnel still changes by > 0.5
+            between consecutive decisions on 45% of frames, with 6 on 20%; 4 is too slow to
+            finish within the phase timeouts).
         funnel_radius: x-y distance from the goal within which the funnel descends (m).
         climb: how far below the funnel the gripper may be and still move in x-y (m).
     """
@@ -91,8 +96,9 @@ class ExpertConfig:
     noise_std: float = 0.0
     attempts: int = 2
     style: str = "phases"
-    funnel_radius: float = 0.03
-    climb: float = 0.03
+    funnel_gain: float = 6.0
+    funnel_radius: float = 0.08
+    climb: float = 0.08
 
     def __post_init__(self) -> None:
         if self.style not in EXPERT_STYLES:
@@ -148,6 +154,7 @@ class ScriptedExpert:
         self._plan: Iterator[tuple[np.ndarray, float]] = self._script()
         self.done = False
         self.phase = "start"
+        self._travel_z: float | None = None  # funnel style: the height the next reach travels at
 
     # -- privileged reads ---------------------------------------------------------------
     def _eef_pos(self) -> np.ndarray:
@@ -313,13 +320,15 @@ class ScriptedExpert:
         rise -- the same heights as the phase machine, two moves instead of seven."""
         c = self.config
         self._target_quat = self._grasp_quat(obj)  # turns on the way instead of above the object
-        yield from self._funnel(grasp, grasp()[2] + c.approach_height, -1.0, "reach")
+        # travel no lower than the last carry (which cleared the container just left) or the start
+        travel_z = max(grasp()[2] + c.approach_height, self._travel_z or self._eef_pos()[2])
+        yield from self._funnel(grasp, travel_z, -1.0, "reach")
         yield from self._hold(1.0, c.grip_steps, "grasp")
         carry_z = self._target(region)[2] + c.lift_height + held_below
         release = lambda: np.r_[self._target(region)[:2], self._target(region)[2] + c.release_height + held_below * 0.5]  # noqa: E731
         yield from self._funnel(release, carry_z, 1.0, "place")
         yield from self._hold(-1.0, c.grip_steps, "release")
-        yield from self._move(lambda: self._eef_pos() * [1, 1, 0] + [0, 0, carry_z], -1.0, "rise")
+        self._travel_z = carry_z  # no separate rise: the next reach climbs out first (its funnel starts there)
 
     def act(self) -> np.ndarray:
         """The expert's (clean) action for the current simulator state."""
@@ -331,7 +340,8 @@ class ScriptedExpert:
         pos_err = goal - self._eef_pos()
         rot_err = _quat_to_rotvec(_quat_mul(self._target_quat, _quat_conj(self._eef_quat())))
         a = np.zeros(7, dtype=np.float32)
-        a[:3] = np.clip(self.config.gain * pos_err, -1.0, 1.0)
+        gain = self.config.funnel_gain if self.config.style == "funnel" else self.config.gain
+        a[:3] = np.clip(gain * pos_err, -1.0, 1.0)
         a[3:6] = np.clip(self.config.rot_gain * rot_err / 0.5, -1.0, 1.0) if self.config.rot_gain else 0.0
         a[6] = gripper
         return a
@@ -350,18 +360,27 @@ class ExpertResult:
     phase: str = ""
 
 
-def near_label_jumps(actions: np.ndarray, threshold: float = 0.5) -> np.ndarray:
+def near_label_jumps(
+    actions: np.ndarray, positions: np.ndarray | None = None, threshold: float = 0.5, still: float = 0.01
+) -> np.ndarray:
     """Which frames of an episode's labels ``(T, 7)`` sit within one decision of a jump: an arm
     dimension changing by more than ``threshold`` between consecutive decisions, or the
-    gripper flipping. Around a jump two nearly identical frames carry very different labels,
-    which a policy reading 64 px views cannot separate.
+    gripper flipping. With the end-effector ``positions`` ``(T, 3)``, only jumps between two
+    decisions less than ``still`` apart count: two nearly identical frames with very different
+    labels, which a policy reading 64 px views cannot separate (a fast move changes the label
+    quickly too, but its frames differ).
 
     >>> a = np.zeros((5, 7)); a[:, 6] = -1; a[3:, 2] = -1.0
     >>> near_label_jumps(a).tolist()
     [False, False, True, True, False]
+    >>> moving = np.c_[np.arange(5) * 0.05, np.zeros((5, 2))]
+    >>> near_label_jumps(a, moving).tolist()
+    [False, False, False, False, False]
     """
     a = np.asarray(actions, dtype=float)
     jump = (np.abs(np.diff(a[:, :6], axis=0)) > threshold).any(axis=1) | (np.diff(np.sign(a[:, 6])) != 0)
+    if positions is not None:
+        jump &= np.linalg.norm(np.diff(np.asarray(positions, dtype=float), axis=0), axis=1) < still
     near = np.zeros(len(a), dtype=bool)
     near[1:] |= jump
     near[:-1] |= jump
