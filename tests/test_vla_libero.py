@@ -36,6 +36,19 @@ def test_expert_solves_task7_at_the_policy_decision_rate(env):
     assert len(result.actions) == len(result.observations) <= result.steps // 4 + 1
 
 
+def test_funnel_expert_solves_task7_with_fewer_label_jumps_than_the_phase_machine(env):
+    from agents.vla.expert import ExpertConfig, near_label_jumps
+
+    shares = {}
+    for style in ("phases", "funnel"):
+        result = run_expert(env, 0, ExpertConfig(style=style), action_repeat=4, record=True)
+        assert result.success, style
+        shares[style] = near_label_jumps(np.stack(result.actions)).mean()
+    assert shares["funnel"] < 0.75 * shares["phases"], shares
+    with pytest.raises(ValueError, match="style"):
+        ExpertConfig(style="spline")
+
+
 def test_group_rollout_through_the_wmrl_stack(env):
     env.config.max_episode_steps = 9  # a short episode: 2 decisions of 4 steps, then the graded step
     try:
