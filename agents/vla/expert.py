@@ -265,9 +265,11 @@ class ScriptedExpert:
             distance = np.linalg.norm(goal - here)
             if distance < c.tolerance:
                 return
-            if c.timeout_radius is None or distance <= c.timeout_radius:
-                spent += 1
             xy = goal[:2] - here[:2]
+            # the timeout counts inside the funnel only (the travel there is as long as it is),
+            # and, for a labelling expert, only near the goal
+            if np.linalg.norm(xy) <= c.funnel_radius and (c.timeout_radius is None or distance <= c.timeout_radius):
+                spent += 1
             funnel_z = goal[2] + min(1.0, np.linalg.norm(xy) / c.funnel_radius) * max(0.0, high_z - goal[2])
             go = float(np.clip(1.0 - (funnel_z - here[2]) / c.climb, 0.0, 1.0))
             yield np.r_[here[:2] + go * xy, funnel_z], gripper
