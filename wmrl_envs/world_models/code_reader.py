@@ -916,11 +916,14 @@ class _Reader:
                     _num(_value(_kw(c, "degree") or (c.args[0] if c.args else ast.Constant(2)), self.consts)) or 2.0
                 )
                 base = width if "get_dummies" in self.names else n_numeric
+                # the gate needs a width the block certainly has: the dummies' count is only known
+                # when nothing merges or drops levels (a rare-level merge can leave a few columns)
+                certain = base if "get_dummies" not in self.names or self._keeps_levels() else n_numeric
                 if not math.isnan(base):
-                    out = float(math.comb(int(base) + int(degree), int(degree)))
-                    width = max(width, out)
-                    if _kw(c, "interaction_only") is None:  # at least `base` inputs: C(base + d, d) outputs
-                        blocks.append((c, n_train * out))
+                    width = max(width, float(math.comb(int(base) + int(degree), int(degree))))
+                if not math.isnan(certain) and _kw(c, "interaction_only") is None:
+                    # at least `certain` inputs: C(certain + d, d) outputs
+                    blocks.append((c, n_train * float(math.comb(int(certain) + int(degree), int(degree)))))
                 dense = True
         self.width = width
         memory_limit = float(self.limits.get("memory_bytes") or math.nan)
