@@ -218,6 +218,27 @@ def test_polynomial_memory_blow_up_is_flagged(wm):
     assert o.status != "valid" and o.metrics["p_status"].get("valid", 0.0) < 0.5
 
 
+def test_polynomial_gate_counts_dummies_only_when_no_level_is_merged():
+    """A degree-4 expansion of every dummy of auto_mpg's 225-level column is certainly over the
+    limit; after a rare-level merge the width is unknown (the logged run was valid)."""
+    lines = [
+        "import pandas as pd",
+        "from sklearn.preprocessing import PolynomialFeatures",
+        'train = pd.read_csv("data/train.csv")',
+        'full = train.drop(columns=["mpg", "id"])',
+        "for c in ['name']:",
+        "    counts = full[c].value_counts()",
+        "    full[c] = full[c].where(full[c].map(counts) >= 5, 'rare')",
+        "full = pd.get_dummies(full, columns=['name'], dtype=float)",
+        "X = PolynomialFeatures(degree=4).fit_transform(full)",
+        'pd.DataFrame({"id": train["id"], "mpg": X[:, 0]}).to_csv("submission.csv", index=False)',
+    ]
+    merged = read_script("\n".join(lines) + "\n", corpus_context("auto_mpg"))
+    assert merged.foreseen is None
+    unmerged = read_script("\n".join(lines[:4] + lines[7:]) + "\n", corpus_context("auto_mpg"))
+    assert unmerged.foreseen is not None and "PolynomialFeatures" in unmerged.foreseen[1]
+
+
 def test_search_time_blow_up_is_flagged(wm):
     o = predict(
         wm,
