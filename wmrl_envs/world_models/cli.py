@@ -237,9 +237,9 @@ def _command(argv: Sequence[str] | None = None) -> int:
         from wmrl_envs.autoresearch.tasks import list_catalog
         from wmrl_envs.world_models.agent_corpus import HELDOUT_TABLES, grow_agent_corpus
 
-        tasks = args.tasks or (list_catalog(None, None) if args.train_tables else None)
+        tasks = args.tasks
         if args.train_tables:
-            tasks = [t for t in tasks if t not in HELDOUT_TABLES]
+            tasks = [t for t in (tasks or list_catalog(None, None)) if t not in HELDOUT_TABLES]
         counts = grow_agent_corpus(
             args.out, budget_minutes=args.budget_minutes, workers=args.workers, tasks=tasks, seed=args.seed
         )
