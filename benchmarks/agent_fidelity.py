@@ -173,7 +173,8 @@ def template_pool_cv(arm: str, folds: int, agent_path: str | None = None, seed: 
 
 
 def _mean_over_seeds(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Per tier, the mean of each numeric metric over the CV seeds' reports."""
+    """Per tier, the mean of each numeric metric over the CV seeds' reports; a non-numeric
+    entry (the per-status breakdown) is the first seed's."""
     out: dict[str, Any] = {}
     for tier in reports[0]:
         values = [r[tier] for r in reports]

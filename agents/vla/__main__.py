@@ -198,7 +198,7 @@ def _cmd_expert(args: argparse.Namespace) -> int:
 
     config = build_config(ExpertRun, {}, args)
     out = open(config.out, "a") if config.out else None
-    table: dict[int, list[tuple[bool, int, int, int]]] = {}  # success, decisions near a jump / a still jump, decisions
+    table: dict[int, list[dict[str, Any]]] = {}
     for task in config.tasks:
         env = LiberoLongEnv(task_id=task, cameras=False, max_episode_steps=config.max_episode_steps)
         try:
@@ -219,9 +219,7 @@ def _cmd_expert(args: argparse.Namespace) -> int:
                 if out:
                     out.write(json.dumps(rec) + "\n")
                     out.flush()
-                table.setdefault(task, []).append(
-                    (r.success, rec["near_label_jumps"], rec["near_still_jumps"], len(near))
-                )
+                table.setdefault(task, []).append(rec)
         finally:
             env.close()
     print(
@@ -229,10 +227,11 @@ def _cmd_expert(args: argparse.Namespace) -> int:
         "\n|---|---|---|---|---|"
     )
     for task, v in table.items():
-        decisions = sum(row[3] for row in v)
-        n_near, n_still = (sum(row[i] for row in v) for i in (1, 2))
+        decisions, n_near, n_still = (
+            sum(rec[k] for rec in v) for k in ("decisions", "near_label_jumps", "near_still_jumps")
+        )
         print(
-            f"| {task} | {sum(row[0] for row in v)}/{len(v)} | {min(config.init_states)}-{max(config.init_states)} "
+            f"| {task} | {sum(rec['success'] for rec in v)}/{len(v)} | {min(config.init_states)}-{max(config.init_states)} "
             f"| {n_near}/{decisions} ({n_near / max(1, decisions):.0%}) | {n_still}/{decisions} ({n_still / max(1, decisions):.0%}) |"
         )
     return 0

@@ -77,9 +77,10 @@ class ExpertConfig:
             the gripper is: see :meth:`ScriptedExpert._funnel`).
         funnel_gain: the funnel style's proportional gain on the position error (1/m): half the
             phase machine's, so that at the policy's decision rate (4 env steps) a label moves
-            by less per decision (with 12 the label of a continuous funnel still changes by > 0.5
-            between consecutive decisions on 45% of frames, with 6 on 20%; 4 is too slow to
-            finish within the phase timeouts).
+            by less per decision (on 6 episodes of tasks 0, 1 and 5: with 12 the label of a
+            continuous funnel still changes by > 0.5 between consecutive decisions on 45% of
+            frames, with 6 on 20%; 4 is too slow to finish within the phase timeouts, 2/6). The
+            DAgger labeller (:mod:`agents.vla.dagger`) still uses the phase machine.
         funnel_radius: x-y distance from the goal within which the funnel descends (m).
         climb: how far below the funnel the gripper may be and still move in x-y (m).
     """
@@ -318,8 +319,9 @@ class ScriptedExpert:
     def _funnel_pick_place(
         self, obj: str, region: str, grasp: Callable[[], np.ndarray], held_below: float
     ) -> Iterator[tuple[np.ndarray, float]]:
-        """The ``funnel`` style: reach the grasp point, close, reach the release point, open,
-        rise -- the same heights as the phase machine, two moves instead of seven."""
+        """The ``funnel`` style: reach the grasp point, close, reach the release point, open --
+        the phase machine's heights, two moves instead of seven (no rise: the next reach climbs
+        out first)."""
         c = self.config
         self._target_quat = self._grasp_quat(obj)  # turns on the way instead of above the object
         # travel no lower than the last carry (which cleared the container just left) or the start
