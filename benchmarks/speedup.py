@@ -134,9 +134,11 @@ class SpeedupConfig:
         policy: ``tiny`` (a small from-config model: with the warm start below it writes valid
             plans and learns within minutes on CPU), ``default`` (SmolLM2-135M-Instruct) or
             ``tiny-plan`` (tiny with the library's short 30-step warm start).
-        warm_start_steps: supervised steps on example plans before any arm starts (untimed,
-            shared by all arms; 0 = none).
+        warm_start_steps: supervised steps on demonstrations before any arm starts (untimed,
+            shared by all arms; 0 = none): example plans, or for the ``raw`` scaffold the agent
+            corpus's valid train-split scripts (:func:`agents.llm.loading.warm_start_plans`).
         warm_start_lr: learning rate of that warm start.
+        warm_start_batch_size: demonstrations per warm-start step (none = all of them).
         scaffold: ``plan`` (compact plan scaffold: one of six model families, a few clamped
             hyperparameters; ~12 distinct scripts per task in practice), ``rich`` (the
             agent-style plan grammar of :mod:`wmrl_envs.autoresearch.plans`: > 10^4 scripts per
@@ -200,6 +202,7 @@ class SpeedupConfig:
     policy: str = "tiny"
     warm_start_steps: int = 150
     warm_start_lr: float = 5e-3
+    warm_start_batch_size: int | None = None
     scaffold: str = "plan"
     world_model: str = "out-of-sample"
     outcome_cache: bool = True
@@ -627,7 +630,7 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
         elif config.warm_start_steps:
             warm_start_plans(
                 policy, train_tasks, steps=config.warm_start_steps, learning_rate=config.warm_start_lr, seed=seed,
-                scaffold=scaffold,
+                scaffold=scaffold, batch_size=config.warm_start_batch_size,
             )  # fmt: skip
             torch.save(policy.trainable_state_dict(), warm_file)
         initial = policy.trainable_state_dict()

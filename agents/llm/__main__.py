@@ -101,9 +101,13 @@ class TrainRun(AgentSetup):
         anchor_overlap: grade anchor groups for real in the background, overlapping the rest
             of the step (``wmrl``; see wrappers.anchor_overlap).
         tasks: training task ids (none = the catalog's train split).
-        warm_start_steps: supervised steps on demonstration plans before training (for a
-            from-config model that cannot follow the format yet; skipped when resuming).
+        warm_start_steps: supervised steps on demonstrations before training, skipped when
+            resuming: plans for the plan scaffolds (a from-config model that cannot follow the
+            format yet), the agent corpus's valid train-split scripts for ``raw``
+            (``agents.llm.loading.warm_start_plans``).
         warm_start_lr: learning rate of the warm start.
+        warm_start_batch_size: demonstrations per warm-start step (none = all of them; the
+            raw scaffold's 372 scripts need a batch, e.g. 8).
         evaluate: avg@k on held-out tasks (``--eval-*`` settings) before and after training.
         remote: URL of a ``wmrl-serve`` server (e.g. http://127.0.0.1:8000) to train against:
             the episodes run on its stack (``--stack`` is the server's; its world model, anchor
@@ -118,6 +122,7 @@ class TrainRun(AgentSetup):
     tasks: tuple[str, ...] | None = None
     warm_start_steps: int = 0
     warm_start_lr: float = 1e-2
+    warm_start_batch_size: int | None = None
     evaluate: bool = False
     remote: str | None = None
 
@@ -335,6 +340,7 @@ def cmd_train(run: TrainRun, grpo: Any, calibration: Any, cfg: EvalConfig, expli
             learning_rate=run.warm_start_lr,
             seed=grpo.seed,
             scaffold=scaffold,
+            batch_size=run.warm_start_batch_size,
         )
         print(f"warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
     if run.evaluate and not (out / "eval_before.json").exists():

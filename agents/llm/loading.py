@@ -9,7 +9,10 @@ Used by the agent's CLI (``python -m agents.llm``) and by every benchmark.
   (SmolLM2: yes; the tiny models: no).
 * :func:`load_policy_weights` — a checkpoint's ``policy.pt`` into a policy, refused with one
   line when it was saved from another policy (other model, LoRA or not).
-* :func:`warm_start_plans` — the supervised warm start on :data:`WARM_START_REPLIES`.
+* :func:`warm_start_plans` — the supervised warm start: demonstration plans
+  (:data:`WARM_START_REPLIES`, or :func:`rich_plan_replies` on the rich scaffold), or for the
+  raw-code scaffold the agent corpus's valid scripts (:func:`corpus_script_replies`) on their
+  own tasks' prompts (:func:`first_observations`).
 * :func:`load_world_model` — ``"default"`` (the shipped :class:`CodeOutcomeModel`) or a
   saved model directory.
 
@@ -26,6 +29,8 @@ __all__ = [
     "POLICIES",
     "WARM_START_REPLIES",
     "rich_plan_replies",
+    "corpus_script_replies",
+    "first_observations",
     "load_policy",
     "load_policy_weights",
     "lora_by_default",
@@ -56,22 +61,36 @@ def warm_start_plans(
     learning_rate: float = 1e-2,
     seed: int = 0,
     scaffold: Any = None,
+    batch_size: int | None = None,
 ) -> list[float]:
-    """Supervised warm start (:func:`agents.llm.warm_start.warm_start`) on
-    :data:`WARM_START_REPLIES` over ``tasks`` (default: the catalog's train split), so a
-    randomly initialised model writes plan-like text (valid, failing and malformed plans
-    after sampling noise). Returns the loss per step."""
+    """Supervised warm start (:func:`agents.llm.warm_start.warm_start`) over ``tasks``
+    (default: the catalog's train split). Returns the loss per step.
+
+    * plan scaffold (default): :data:`WARM_START_REPLIES`, so a randomly initialised model
+      writes plan-like text (valid, failing and malformed plans after sampling noise);
+    * rich plan scaffold: :func:`rich_plan_replies`, drawn over the whole grammar;
+    * raw-code scaffold: the valid agent-style scripts of the shipped corpus on the train
+      split's tables (:func:`corpus_script_replies`; never a held-out table), each on its own
+      table's prompt with the env's first observation, so a pretrained model learns to answer
+      with one complete script. ``tasks`` does not restrict these: the corpus covers other
+      tables than a tier's train split, and a script only fits the table it was written for.
+    """
     from agents.llm.scaffolds import PlanScaffold, TaskSpec
     from agents.llm.warm_start import warm_start
     from wmrl_envs.autoresearch.tasks import list_catalog
 
-    specs = [TaskSpec.from_task(t) for t in (tasks or list_catalog("train"))]
     scaffold = scaffold or PlanScaffold()
-    replies = (
-        rich_plan_replies(tasks or list_catalog("train"), seed=seed)
-        if getattr(scaffold, "name", "") == "rich"
-        else WARM_START_REPLIES
-    )
+    name = getattr(scaffold, "name", "")
+    replies: Sequence[str | tuple[str, str]]
+    observations = None
+    if name == "raw":
+        replies = corpus_script_replies()
+        task_ids = sorted({t for t, _ in replies})
+        observations = first_observations(task_ids)
+    else:
+        task_ids = list(tasks or list_catalog("train"))
+        replies = rich_plan_replies(task_ids, seed=seed) if name == "rich" else WARM_START_REPLIES
+    specs = [TaskSpec.from_task(t) for t in task_ids]
     return warm_start(
         policy,
         scaffold,
@@ -80,7 +99,42 @@ def warm_start_plans(
         steps=steps,
         learning_rate=learning_rate,
         seed=seed,
+        observations=observations,
+        batch_size=batch_size,
     )
+
+
+def corpus_script_replies(max_scripts: int | None = None, seed: int = 0) -> list[tuple[str, str]]:
+    """``(task_id, reply)`` demonstrations for the raw-code scaffold: the shipped agent
+    corpus's agent-style scripts on train-split tables that ran and wrote a valid submission,
+    each as a fenced ```python block. Held-out tables and families and the exploit suite are
+    never included, so a policy warm-started on them is evaluated out of sample. With
+    ``max_scripts``, a seeded sample of that many."""
+    import random
+
+    from agents.llm.scaffolds import fenced_script
+    from wmrl_envs.world_models.agent_corpus import read_agent_corpus
+
+    records = [r for r in read_agent_corpus(splits=("train",)) if r.outcome is not None and r.outcome.status == "valid"]
+    if not records:
+        raise FileNotFoundError("the agent corpus holds no valid train-split script to warm-start on")
+    if max_scripts is not None and max_scripts < len(records):
+        records = random.Random(seed).sample(records, max_scripts)
+    return [(r.task_id, fenced_script(r.code)) for r in records]
+
+
+def first_observations(tasks: Sequence[str]) -> dict[str, str]:
+    """The AutoResearch env's first observation (task overview and instructions) per task id,
+    as an episode's prompt shows it."""
+    import gymnasium as gym
+
+    import wmrl_envs  # noqa: F401  (registers the env ids)
+
+    env = gym.make("wmrl/AutoResearch-v0", split="train", max_turns=1)
+    try:
+        return {t: str(env.reset(options={"task": t, "any_split": True})[0]) for t in tasks}
+    finally:
+        env.close()
 
 
 def rich_plan_replies(tasks: Sequence[str], n: int = 48, seed: int = 0) -> list[str]:

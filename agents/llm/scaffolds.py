@@ -41,6 +41,7 @@ __all__ = [
     "PlanScaffold",
     "RichPlanScaffold",
     "extract_script",
+    "fenced_script",
     "parse_plan",
     "render_plan",
     "make_scaffold",
@@ -195,7 +196,8 @@ def extract_script(text: str) -> str | None:
     return None
 
 
-def _fenced(script: str) -> str:
+def fenced_script(script: str) -> str:
+    """``script`` as the raw-code scaffold's actions carry it: one fenced ```python block."""
     return f"```python\n{script.rstrip()}\n```"
 
 
@@ -231,7 +233,7 @@ class RawCodeScaffold:
     def to_action(self, text: str, task: TaskSpec) -> str:
         script = extract_script(text)
         if script is not None:
-            return _fenced(script)
+            return fenced_script(script)
         return text.strip()
 
 
@@ -519,7 +521,7 @@ class PlanScaffold:
         if plan is None:
             return text.strip()
         # Only the rendered script: the plan itself is recorded in the script's first line.
-        return _fenced(render_plan(plan, task))
+        return fenced_script(render_plan(plan, task))
 
 
 @dataclass
@@ -560,7 +562,7 @@ class RichPlanScaffold:
         except (FileNotFoundError, KeyError, ValueError):
             return text.strip()
         plan = plan_from_text(text, catalog_task)
-        return text.strip() if plan is None else _fenced(render(plan, catalog_task))
+        return text.strip() if plan is None else fenced_script(render(plan, catalog_task))
 
 
 SCAFFOLDS = {"raw": RawCodeScaffold, "plan": PlanScaffold, "rich": RichPlanScaffold}

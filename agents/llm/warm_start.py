@@ -6,7 +6,7 @@ Functions: :func:`warm_start`.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -20,36 +20,72 @@ def warm_start(
     policy: LLMPolicy,
     scaffold: Scaffold,
     specs: Sequence[TaskSpec],
-    replies: Sequence[str],
+    replies: Sequence[str | tuple[str, str]],
     *,
     steps: int = 30,
     learning_rate: float = 3e-3,
     seed: int = 0,
+    observations: Mapping[str, str] | None = None,
+    batch_size: int | None = None,
 ) -> list[float]:
     """Supervised warm start: maximise the likelihood of demonstration ``replies`` (the text
-    the model should write after the scaffold's response prefix) on the scaffold's prompts
-    for ``specs``; one full batch of ``len(replies)`` (reply, random spec) pairs per step.
+    the model should write after the scaffold's response prefix) on the scaffold's prompts.
 
-    Meant for small from-config models that cannot yet follow the format at all; returns
-    the loss per step.
+    Args:
+        policy / scaffold: what is trained, and how its prompts are built.
+        specs: the tasks whose prompts the replies are paired with.
+        replies: a plain reply is paired with a random task of ``specs`` each time (plans fit
+            any task); a ``(task_id, reply)`` pair always with its own task's prompt (a script
+            names its table's columns).
+        steps: optimiser steps.
+        learning_rate: AdamW step size.
+        seed: the pairing and minibatch draws.
+        observations: the first observation per task id, as the env's ``reset`` gives it
+            (default: empty; the plan scaffolds build their prompt from the task spec alone,
+            the raw-code scaffold shows the observation).
+        batch_size: replies per step, drawn without replacement and reshuffled once all were
+            used (``None``: every reply in every step).
+
+    Meant for models that cannot yet follow the format (from-config models on plans,
+    SmolLM2 on whole scripts); returns the loss per step.
     """
     if not specs or not replies:
         raise ValueError("warm_start needs at least one task spec and one reply")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 or None, got {batch_size!r}")
+    by_id = {s.task_id: s for s in specs}
+    unknown = sorted({r[0] for r in replies if not isinstance(r, str) and r[0] not in by_id})
+    if unknown:
+        raise ValueError(f"replies name tasks that are not among the specs: {unknown}")
     rng = random.Random(seed)
     prefix = (
         policy.tokenizer(scaffold.response_prefix, add_special_tokens=False)["input_ids"]
         if scaffold.response_prefix
         else []
     )
-    prompts = {s.task_id: policy.chat_ids(scaffold.initial_messages("", s)) + list(prefix) for s in specs}
+    obs = observations or {}
+    prompts = {
+        s.task_id: policy.chat_ids(scaffold.initial_messages(obs.get(s.task_id, ""), s)) + list(prefix) for s in specs
+    }
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=learning_rate)
-    losses = []
+    losses: list[float] = []
+    order: list[int] = []
     policy.model.train()
     for _ in range(steps):
+        if batch_size is None:
+            batch = list(range(len(replies)))
+        else:
+            while len(order) < batch_size:  # an epoch at a time, so every reply is seen as often
+                epoch = list(range(len(replies)))
+                rng.shuffle(epoch)
+                order += epoch
+            batch, order = order[:batch_size], order[batch_size:]
         seqs, masks = [], []
-        for reply in replies:
-            ctx = prompts[rng.choice(specs).task_id]
-            target = policy.tokenizer(reply, add_special_tokens=False)["input_ids"] + [policy.eos_token_id]
+        for i in batch:
+            reply = replies[i]
+            task_id, text = (rng.choice(specs).task_id, reply) if isinstance(reply, str) else reply
+            ctx = prompts[task_id]
+            target = policy.tokenizer(text, add_special_tokens=False)["input_ids"] + [policy.eos_token_id]
             seqs.append(ctx + target)
             masks.append([0] * len(ctx) + [1] * len(target))
         lp, _, mask = policy.token_logprobs(seqs, masks)
