@@ -628,11 +628,13 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
         if config.warm_start_steps and warm_file.is_file():
             policy.load_trainable_state_dict(torch.load(warm_file))
         elif config.warm_start_steps:
+            partial = saved / f"warm-start-seed{seed}.partial.pt"  # SmolLM2 on scripts takes hours
             warm_start_plans(
                 policy, train_tasks, steps=config.warm_start_steps, learning_rate=config.warm_start_lr, seed=seed,
-                scaffold=scaffold, batch_size=config.warm_start_batch_size,
+                scaffold=scaffold, batch_size=config.warm_start_batch_size, checkpoint=partial,
             )  # fmt: skip
             torch.save(policy.trainable_state_dict(), warm_file)
+            partial.unlink()  # its optimiser state is not needed once the warm start is kept
         initial = policy.trainable_state_dict()
 
         def evaluate() -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+import torch
 
 from agents.llm.loading import corpus_script_replies, first_observations, load_policy, warm_start_plans
 from agents.llm.scaffolds import RawCodeScaffold, TaskSpec, extract_script
@@ -83,3 +84,39 @@ def test_raw_scaffold_warm_start_learns_the_corpus_scripts() -> None:
     )  # fmt: skip
     assert len(losses) == 12
     assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3  # a from-scratch model picks up Python fast
+
+
+def test_a_killed_warm_start_continues_from_its_checkpoint_to_the_same_weights(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    specs = [TaskSpec.from_task("boston")]
+    replies = [("boston", f"```python\nprint({i})\n```") for i in range(5)]
+    kwargs = {"steps": 7, "batch_size": 2, "seed": 1, "learning_rate": 1e-2, "checkpoint_every": 3}
+    straight = load_policy("tiny", seed=0)
+    expected = warm_start(straight, RawCodeScaffold(), specs, replies, **kwargs)  # type: ignore[arg-type]
+
+    file = tmp_path / "warm_start.pt"
+    first = load_policy("tiny", seed=0)
+    calls = 0
+    inner = first.token_logprobs
+
+    def dies_at_step_5(seqs, masks):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        if calls == 5:
+            raise KeyboardInterrupt  # killed mid-run: steps 4-5 are lost, 1-3 were saved
+        return inner(seqs, masks)
+
+    first.token_logprobs = dies_at_step_5
+    with pytest.raises(KeyboardInterrupt):
+        warm_start(first, RawCodeScaffold(), specs, replies, checkpoint=file, **kwargs)  # type: ignore[arg-type]
+    assert file.is_file() and not file.with_suffix(".tmp").exists()
+
+    resumed = load_policy("tiny", seed=0)  # a fresh process: the weights come from the file
+    losses = warm_start(resumed, RawCodeScaffold(), specs, replies, checkpoint=file, **kwargs)  # type: ignore[arg-type]
+    assert losses == pytest.approx(expected, rel=1e-5)
+    for name, tensor in straight.trainable_state_dict().items():
+        assert torch.allclose(tensor, resumed.trainable_state_dict()[name], atol=1e-6), name
+    # finished: the same call trains nothing more; another set of replies is refused
+    again = load_policy("tiny", seed=0)
+    assert warm_start(again, RawCodeScaffold(), specs, replies, checkpoint=file, **kwargs) == losses  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="remove it or pass another checkpoint"):
+        warm_start(again, RawCodeScaffold(), specs, replies[:4], checkpoint=file, **kwargs)  # type: ignore[arg-type]

@@ -101,8 +101,9 @@ class TrainRun(AgentSetup):
         anchor_overlap: grade anchor groups for real in the background, overlapping the rest
             of the step (``wmrl``; see wrappers.anchor_overlap).
         tasks: training task ids (none = the catalog's train split).
-        warm_start_steps: supervised steps on demonstrations before training, skipped when
-            resuming: plans for the plan scaffolds (a from-config model that cannot follow the
+        warm_start_steps: supervised steps on demonstrations before training (kept in
+            ``OUTPUT_DIR/warm_start.pt``, continued from it; skipped once GRPO has a
+            checkpoint): plans for the plan scaffolds (a from-config model that cannot follow the
             format yet), the agent corpus's valid train-split scripts for ``raw``
             (``agents.llm.loading.warm_start_plans``).
         warm_start_lr: learning rate of the warm start.
@@ -341,6 +342,7 @@ def cmd_train(run: TrainRun, grpo: Any, calibration: Any, cfg: EvalConfig, expli
             seed=grpo.seed,
             scaffold=scaffold,
             batch_size=run.warm_start_batch_size,
+            checkpoint=out / "warm_start.pt",  # a killed warm start continues where it stopped
         )
         print(f"warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
     if run.evaluate and not (out / "eval_before.json").exists():

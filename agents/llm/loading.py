@@ -62,9 +62,11 @@ def warm_start_plans(
     seed: int = 0,
     scaffold: Any = None,
     batch_size: int | None = None,
+    checkpoint: str | Path | None = None,
 ) -> list[float]:
-    """Supervised warm start (:func:`agents.llm.warm_start.warm_start`) over ``tasks``
-    (default: the catalog's train split). Returns the loss per step.
+    """Supervised warm start (:func:`agents.llm.warm_start.warm_start`, which continues from
+    ``checkpoint`` when the file exists) over ``tasks`` (default: the catalog's train split).
+    Returns the loss per step.
 
     * plan scaffold (default): :data:`WARM_START_REPLIES`, so a randomly initialised model
       writes plan-like text (valid, failing and malformed plans after sampling noise);
@@ -101,6 +103,7 @@ def warm_start_plans(
         seed=seed,
         observations=observations,
         batch_size=batch_size,
+        checkpoint=checkpoint,
     )
 
 

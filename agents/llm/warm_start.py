@@ -1,12 +1,19 @@
 """Supervised warm start of an LLM policy on demonstration replies (before GRPO).
 
+A long warm start (SmolLM2 on the agent corpus's scripts: ~10 CPU-s per script on CPU) can
+keep a checkpoint: every ``checkpoint_every`` steps the trainable weights, the optimiser, the
+losses so far and the draw state go to one file (written atomically), and a call with the
+same file continues from it, so a killed run loses at most ``checkpoint_every`` steps.
+
 Functions: :func:`warm_start`.
 """
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import torch
 
@@ -27,6 +34,8 @@ def warm_start(
     seed: int = 0,
     observations: Mapping[str, str] | None = None,
     batch_size: int | None = None,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 10,
 ) -> list[float]:
     """Supervised warm start: maximise the likelihood of demonstration ``replies`` (the text
     the model should write after the scaffold's response prefix) on the scaffold's prompts.
@@ -45,6 +54,9 @@ def warm_start(
             the raw-code scaffold shows the observation).
         batch_size: replies per step, drawn without replacement and reshuffled once all were
             used (``None``: every reply in every step).
+        checkpoint: a file to continue from (when it exists) and to save to every
+            ``checkpoint_every`` steps and at the end (module docstring). A finished
+            checkpoint loads its weights and returns its losses without training again.
 
     Meant for models that cannot yet follow the format (from-config models on plans,
     SmolLM2 on whole scripts); returns the loss per step.
@@ -70,8 +82,31 @@ def warm_start(
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=learning_rate)
     losses: list[float] = []
     order: list[int] = []
+    file = Path(checkpoint) if checkpoint is not None else None
+    if file is not None and file.is_file():
+        saved = torch.load(file, weights_only=False)  # our own file: weights plus the draw state
+        if saved["replies"] != len(replies) or saved["batch_size"] != batch_size:
+            raise ValueError(
+                f"{file} is a warm start of {saved['replies']} replies in batches of {saved['batch_size']}, "
+                f"not {len(replies)} in batches of {batch_size}: remove it or pass another checkpoint"
+            )
+        policy.load_trainable_state_dict(saved["policy"])
+        optimizer.load_state_dict(saved["optimizer"])
+        losses, order = list(saved["losses"]), list(saved["order"])
+        rng.setstate(saved["rng"])
+
+    def save() -> None:
+        assert file is not None
+        file.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "policy": policy.trainable_state_dict(), "optimizer": optimizer.state_dict(), "losses": losses,
+            "order": order, "rng": rng.getstate(), "replies": len(replies), "batch_size": batch_size,
+        }  # fmt: skip
+        torch.save(state, file.with_suffix(".tmp"))
+        os.replace(file.with_suffix(".tmp"), file)  # never a half-written checkpoint
+
     policy.model.train()
-    for _ in range(steps):
+    for _ in range(len(losses), steps):
         if batch_size is None:
             batch = list(range(len(replies)))
         else:
@@ -94,5 +129,9 @@ def warm_start(
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
+        if file is not None and len(losses) % checkpoint_every == 0:
+            save()
+    if file is not None and (len(losses) % checkpoint_every or not file.is_file()):
+        save()
     policy.sync_backend()
     return losses
