@@ -740,7 +740,8 @@ def partial_summary(run_dir: Path) -> dict[str, Any]:
     """The summary of an unfinished run (``wmrl-bench speedup --run-dir RUN_DIR``, stopped or
     still going) from its saved arms, over the seeds whose every arm finished; the world
     model's one-off cost is amortised over those seeds' runs. Writes ``summary-partial.json``
-    (marked ``partial``) and ``heldout_vs_cost-partial.png`` into ``run_dir``; the run itself
+    (marked ``partial``) and ``heldout_vs_cost-partial.png`` (and, when the arms have them,
+    ``shadow_gap-partial.png`` and ``wm_updates-partial.png``) into ``run_dir``; the run itself
     writes ``summary.json`` when every seed is done."""
     run_dir = Path(run_dir)
     saved = json.loads((run_dir / "config.json").read_text())
@@ -765,6 +766,10 @@ def partial_summary(run_dir: Path) -> dict[str, Any]:
     )
     write_json(run_dir / "summary-partial.json", summary)
     _plot_curves(config, rows, run_dir / "heldout_vs_cost-partial.png")
+    if any(r.get("shadow") for r in rows):
+        _plot_shadow(rows, run_dir / "shadow_gap-partial.png")
+    if any((r.get("wm_updates") or {}).get("history") for r in rows):
+        _plot_wm_updates(rows, run_dir / "wm_updates-partial.png")
     return summary
 
 
