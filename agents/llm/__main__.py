@@ -108,7 +108,7 @@ class TrainRun(AgentSetup):
             (``agents.llm.loading.warm_start_plans``).
         warm_start_lr: learning rate of the warm start.
         warm_start_batch_size: demonstrations per warm-start step (none = all of them; the
-            raw scaffold's 372 scripts need a batch, e.g. 8).
+            raw scaffold's 372 scripts need a batch, e.g. 4).
         evaluate: avg@k on held-out tasks (``--eval-*`` settings) before and after training.
         remote: URL of a ``wmrl-serve`` server (e.g. http://127.0.0.1:8000) to train against:
             the episodes run on its stack (``--stack`` is the server's; its world model, anchor
