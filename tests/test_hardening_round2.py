@@ -164,7 +164,10 @@ def test_a_hijacked_launcher_cannot_hang_the_grader(_docker_executor, monkeypatc
     r = _docker_executor.run(HIJACK, limits=dataclasses.replace(SMALL, wall_seconds=WALL, cpu_seconds=WALL))
     assert time.monotonic() - t0 < WALL + 5  # before: blocked until the container was killed by hand
     assert r.stdout_tail.startswith("launcher hijacked")
-    assert r.status == "error" and r.returncode is not None and "did not exit" in r.reason
+    # A parked launcher never says its script is over, so the run ends at its wall limit and
+    # the container is SIGKILLed (before the launcher's done name, the host saw the script go
+    # and then waited for a launcher that did not exit: "error ... did not exit").
+    assert r.status == "timeout" and r.returncode is not None, (r.status, r.reason)
 
 
 def test_launcher_memory_is_closed_to_its_own_uid():
@@ -401,3 +404,58 @@ def test_unsafe_mode_says_that_other_checkouts_answers_stay_readable(public_tmp)
         ex = LocalExecutor(TEST_UIDS, bwrap="/nonexistent/bwrap", unsafe_no_isolation=True)
     r = ex.run(f"print(open({str(other / 'answers.csv')!r}).read())", limits=SMALL)
     assert "SECRET" in r.stdout_tail, r.stderr_tail  # the documented gap, measured: not a claim of protection
+
+
+# ------------------------------------------------------------------ the end of a Docker run
+def test_launcher_renames_itself_only_once_its_command_is_over():
+    launcher = subprocess.Popen(
+        ["/usr/bin/python3", "-S", "-I", "-c", LAUNCHER_SOURCE, '{"done_name": "wmrl-run-done", "hold_seconds": 10}']
+        + ["/bin/sleep", "1"]
+    )
+    comm = Path(f"/proc/{launcher.pid}/comm")
+    try:
+        time.sleep(0.5)
+        assert comm.read_text().strip() != "wmrl-run-done"  # sleep 1 still running
+        deadline = time.monotonic() + 5
+        while comm.read_text().strip() != "wmrl-run-done":
+            assert time.monotonic() < deadline, "the launcher never said its command was over"
+            time.sleep(0.01)
+        launcher.terminate()  # the host has read the counters: release the hold
+        assert launcher.wait(timeout=5) == 0  # sleep's exit code
+    finally:
+        launcher.kill()
+
+
+def test_docker_a_script_over_before_the_host_looks_is_ok_not_a_timeout(_docker_executor, monkeypatch):  # noqa: F811
+    # Counting the container's processes could not see a script that came and went before the
+    # host found its cgroup: it waited for the launcher's 5 s hold and reported a 4 s timeout
+    # (seen under load in CI). A slow host is simulated by finding the cgroup late.
+    import wmrl_envs.sandbox.docker_backend as docker_backend
+
+    locate = docker_backend._ContainerCgroup.locate
+
+    def late(container_id):  # type: ignore[no-untyped-def]
+        time.sleep(1.0)
+        return locate(container_id)
+
+    monkeypatch.setattr(docker_backend._ContainerCgroup, "locate", staticmethod(late))
+    r = _docker_executor.run("print('quick')", limits=SMALL)
+    assert r.status == "ok" and r.stdout_tail == "quick\n", (r.status, r.reason)
+    assert r.cpu_seconds is not None  # the counters were still read, while the launcher held them
+
+
+def test_docker_a_script_cannot_end_its_run_early_by_forging_the_launchers_name(_docker_executor):  # noqa: F811
+    script = (
+        "import ctypes, time\n"
+        "try:\n    open('/proc/1/comm', 'w').write('wmrl-run-done')\n    print('forged')\n"
+        "except OSError as e:\n    print('refused', e.errno)\n"
+        "ctypes.CDLL(None).prctl(15, ctypes.c_char_p(b'wmrl-run-done'), 0, 0, 0)  # its own name: not read\n"
+        "time.sleep(1.5)\nprint('finished')\n"
+    )
+    r = _docker_executor.run(script, limits=SMALL)
+    assert r.status == "ok" and r.stdout_tail.startswith("refused") and r.stdout_tail.endswith("finished\n"), (
+        r.status,
+        r.stdout_tail,
+        r.reason,
+    )
+    assert r.wall_seconds is not None and r.wall_seconds >= 1.5

@@ -21,6 +21,12 @@ Usage: ``python3 -S -I -c <this file> OPTIONS_JSON CMD...`` with OPTIONS_JSON ke
   after this long even if nobody is left to tell it to (``wall_killed`` in the report).
 * ``parent_pid``: die with that process: ``PR_SET_PDEATHSIG`` delivers SIGTERM to the
   launcher when it exits (checked once after arming, for a parent already gone).
+* ``done_name``: once CMD has exited (and, with ``sweep``, nothing else is left), rename the
+  launcher to this (``PR_SET_NAME``, at most 15 bytes): the Docker host reads
+  ``/proc/<pid>/comm`` to know the run is over, however short it was. Counting the
+  container's processes cannot tell "not started yet" from "finished", and the runtime's own
+  start-up processes pass through the same cgroup. CMD cannot forge it: the launcher is
+  non-dumpable, so its ``comm`` is not writable by its uid's other processes.
 
 SIGTERM while CMD runs kills it (everything, with ``sweep``) and the launcher still reports.
 
@@ -99,6 +105,8 @@ def main() -> None:  # noqa: C901 -- complexity over 15 before the limit (issue 
     signal.setitimer(signal.ITIMER_REAL, 0)
     if opts.get("sweep"):
         _sweep()
+    if opts.get("done_name"):
+        _set_name(str(opts["done_name"]))
     if report_fd is not None:
         report = {
             "status": status,
@@ -150,6 +158,16 @@ def _prctl(option: int, arg: int) -> bool:
         import ctypes
 
         return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0
+    except (OSError, AttributeError, ImportError):
+        return False
+
+
+def _set_name(name: str) -> bool:
+    """``PR_SET_NAME``: this process's ``comm`` (truncated to 15 bytes by the kernel)."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(15, ctypes.c_char_p(name.encode()), 0, 0, 0) == 0
     except (OSError, AttributeError, ImportError):
         return False
 

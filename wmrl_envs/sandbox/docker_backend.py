@@ -197,6 +197,7 @@ class DockerExecutor:
         opts = {
             "sweep": True,
             "hold_seconds": _HOLD_SECONDS if hold else 0,
+            "done_name": _DONE_NAME,
             "wall_seconds": limits.wall_seconds + LAUNCHER_WALL_GRACE,
         }
         command = [
@@ -265,7 +266,8 @@ class DockerExecutor:
             reader.start()
             start = time.monotonic()
             container.start()
-            killed, wall, cpu, peak = self._watch(container, limits, start, flooded, hold)
+            comm = _launcher_comm(container) if hold else None
+            killed, wall, cpu, peak = self._watch(container, limits, start, flooded, hold, comm)
             if killed:
                 _signal(container, "SIGKILL")
             elif hold:
@@ -309,14 +311,18 @@ class DockerExecutor:
             reason=reason,
         )
 
-    def _watch(self, container, limits: Limits, start: float, flooded: threading.Event, hold: bool):
+    def _watch(self, container, limits: Limits, start: float, flooded: threading.Event, hold: bool, comm: Path | None):
         """Wait for the script to finish or be killed: ``(killed, wall, cpu, peak)``.
 
-        With the cgroup readable, the script is done when only the launcher is left in it
-        (``pids.current == 1`` after more than one was seen); the counters are read then,
-        while the launcher holds the cgroup alive. Otherwise wait on the engine (and the
-        counters stay unknown). Should the script come and go between two polls, the
-        launcher ends the container after its hold and the run still completes.
+        With the cgroup readable, the script is done when the launcher says so: it renames
+        itself to ``_DONE_NAME`` once the script and everything it started are gone (read from
+        its ``comm`` on the host, ``comm``); the counters are read then, while the launcher
+        holds the cgroup alive. Where that file cannot be read (the host does not see the
+        container's pids), the script is done when only the launcher is left in the cgroup
+        (``pids.current == 1`` after more than one was seen) -- which a script shorter than a
+        poll, or the runtime's start-up processes, can fool (a 30 ms script was once reported
+        as a timeout under load, and another killed at start). Otherwise wait on the engine
+        (and the counters stay unknown).
         """
         import requests.exceptions
 
@@ -334,6 +340,14 @@ class DockerExecutor:
                     else ("timeout", f"wall time limit of {limits.wall_seconds:g} s exceeded")
                 )
                 return killed, now - start, *(cg.usage() if cg is not None and pids is not None else (None, None))
+            if comm is not None and cg is not None:
+                name = _read_text(comm)
+                if name == _DONE_NAME:
+                    return None, now - start, *cg.usage()
+                if name is not None:  # the launcher is still waiting for the script
+                    time.sleep(0.005)
+                    continue
+                comm = None  # the launcher is gone: the engine says how it ended
             if pids is not None:
                 assert cg is not None  # pids are read from the cgroup
                 if pids <= 1 and seen_script:
@@ -346,6 +360,26 @@ class DockerExecutor:
                 return None, time.monotonic() - start, None, None
             except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
                 continue
+
+
+def _launcher_comm(container) -> Path | None:
+    """``/proc/<pid>/comm`` of the container's launcher as this host sees it, or ``None`` where
+    this process does not share the engine's pid namespace (checked: that pid's cgroup must
+    name the container)."""
+    container.reload()
+    pid = container.attrs.get("State", {}).get("Pid") or 0
+    if pid <= 0:
+        return None
+    cgroup = _read_text(Path(f"/proc/{pid}/cgroup"))
+    return Path(f"/proc/{pid}/comm") if cgroup is not None and container.id in cgroup else None
+
+
+def _read_text(path: Path) -> str | None:
+    """The stripped text of a small ``/proc`` file; ``None`` once it is gone or unreadable."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
 
 
 def _owner_label(pid: int) -> str:
@@ -396,6 +430,8 @@ def sweep_containers(client) -> int:
 
 #: How long the launcher keeps a finished container alive for its counters to be read.
 _HOLD_SECONDS = 5.0
+#: The launcher's name once its script is over (``done_name``; at most 15 bytes).
+_DONE_NAME = "wmrl-run-done"
 
 
 #: How long the host waits for a container to exit after asking (SIGTERM), and again after
