@@ -343,6 +343,7 @@ def cmd_train(run: TrainRun, grpo: Any, calibration: Any, cfg: EvalConfig, expli
             scaffold=scaffold,
             batch_size=run.warm_start_batch_size,
             checkpoint=out / "warm_start.pt",  # a killed warm start continues where it stopped
+            progress=grpo.progress,
         )
         print(f"warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
     if run.evaluate and not (out / "eval_before.json").exists():

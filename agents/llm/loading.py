@@ -63,6 +63,7 @@ def warm_start_plans(
     scaffold: Any = None,
     batch_size: int | None = None,
     checkpoint: str | Path | None = None,
+    progress: bool = False,
 ) -> list[float]:
     """Supervised warm start (:func:`agents.llm.warm_start.warm_start`, which continues from
     ``checkpoint`` when the file exists) over ``tasks`` (default: the catalog's train split).
@@ -104,6 +105,7 @@ def warm_start_plans(
         observations=observations,
         batch_size=batch_size,
         checkpoint=checkpoint,
+        progress=progress,
     )
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from agents.llm.policy import LLMPolicy
 from agents.llm.scaffolds import Scaffold, TaskSpec
@@ -36,6 +37,7 @@ def warm_start(
     batch_size: int | None = None,
     checkpoint: str | Path | None = None,
     checkpoint_every: int = 10,
+    progress: bool = False,
 ) -> list[float]:
     """Supervised warm start: maximise the likelihood of demonstration ``replies`` (the text
     the model should write after the scaffold's response prefix) on the scaffold's prompts.
@@ -57,6 +59,7 @@ def warm_start(
         checkpoint: a file to continue from (when it exists) and to save to every
             ``checkpoint_every`` steps and at the end (module docstring). A finished
             checkpoint loads its weights and returns its losses without training again.
+        progress: show a progress bar with the latest loss.
 
     Meant for models that cannot yet follow the format (from-config models on plans,
     SmolLM2 on whole scripts); returns the loss per step.
@@ -106,6 +109,7 @@ def warm_start(
         os.replace(file.with_suffix(".tmp"), file)  # never a half-written checkpoint
 
     policy.model.train()
+    bar = tqdm(total=steps, initial=len(losses), desc="warm start", disable=not progress)
     for _ in range(len(losses), steps):
         if batch_size is None:
             batch = list(range(len(replies)))
@@ -129,8 +133,11 @@ def warm_start(
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
+        bar.update()
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
         if file is not None and len(losses) % checkpoint_every == 0:
             save()
+    bar.close()
     if file is not None and (len(losses) % checkpoint_every or not file.is_file()):
         save()
     policy.sync_backend()
