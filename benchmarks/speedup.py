@@ -57,6 +57,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from agents.grpo.loop import GUARD_ACTIONS
+from agents.grpo.shadow import summarize_probes
 from agents.llm.loading import load_policy, load_world_model, warm_start_plans
 from benchmarks.common import cpu_clock, new_figure, save_figure, summarize_seeds
 from benchmarks.report import machine_summary, markdown_table, write_json, write_results
@@ -92,8 +93,8 @@ ARM_METRICS = (
 
 #: The shadow probe's numbers averaged over seeds in ``summary.json`` (see :class:`~agents.grpo.ShadowProbe`).
 SHADOW_METRICS = (
-    "raw_gap_start", "raw_gap_end", "raw_gap_slope_per_step", "calibrated_gap_start", "calibrated_gap_end",
-    "calibrated_gap_slope_per_step", "executions", "unknown_real",
+    "raw_gap_start", "raw_gap_end", "raw_gap_mean", "raw_gap_slope_per_step", "calibrated_gap_start",
+    "calibrated_gap_end", "calibrated_gap_mean", "calibrated_gap_slope_per_step", "executions", "unknown_real",
 )  # fmt: skip
 
 #: The WMRL arm's anchor metrics (see :func:`anchor_fields`), with CIs in ``summary.json``.
@@ -804,7 +805,12 @@ def build_summary(
                 if r["seed"] in real
             ]
             entry.update(_ratio_entries("reach_", ratios))
-        shadows = [r["shadow"]["summary"] for r in mine if r.get("shadow")]
+        # recomputed from the saved probes, so arms saved by an older summariser read alike
+        shadows = [
+            summarize_probes(r["shadow"]["records"], cpu_s=r["shadow"]["summary"].get("cpu_s", 0.0))
+            for r in mine
+            if r.get("shadow")
+        ]
         if shadows:
             entry["shadow"] = {
                 key: {"mean": _mean([x[key] for x in shadows]), "ci95": bootstrap_ci([x[key] for x in shadows])}

@@ -44,7 +44,24 @@ def test_probe_measures_the_raw_world_models_bias_for_real_every_n_steps():
         assert r["raw_gap"] == pytest.approx(r["calibrated_gap"])  # the wm stack has no map
     s = probe.summary()
     assert s["probes"] == 3 and s["executions"] == 12 and s["cpu_s"] >= 0.0
-    assert s["raw_gap_start"] == probe.records[0]["raw_gap"] and s["raw_gap_slope_per_step"] is not None
+    gaps = [r["raw_gap"] for r in probe.records]  # 3 probes: the quarters are the first and the last
+    assert s["raw_gap_start"] == pytest.approx(gaps[0]) and s["raw_gap_end"] == pytest.approx(gaps[-1])
+    assert s["raw_gap_start_se"] is None and s["raw_gap_mean"] == pytest.approx(sum(gaps) / 3)
+    assert s["raw_gap_mean_se"] is not None and s["raw_gap_slope_per_step"] is not None
+
+
+def test_probe_summary_ends_are_quarter_means_with_their_standard_errors():
+    env = build_stack(ToySeamEnv(n_actions=32), "wm", SyntheticWorldModel(noise=0.0))
+    probe = ShadowProbe(env, every=1, sample=4, seed=1)
+    gaps = [0.4, 0.2, 0.0, 0.1, 0.1, 0.1, -0.3, -0.1]
+    probe.records = [
+        {"step": i + 1, "n": 4, "unknown_real": 0, "raw_gap": g, "calibrated_gap": g / 2} for i, g in enumerate(gaps)
+    ]
+    s = probe.summary()
+    assert s["raw_gap_start"] == pytest.approx(0.3) and s["raw_gap_end"] == pytest.approx(-0.2)
+    assert s["raw_gap_start_se"] == pytest.approx(0.1) and s["raw_gap_end_se"] == pytest.approx(0.1)
+    assert s["calibrated_gap_end"] == pytest.approx(-0.1) and s["raw_gap_mean"] == pytest.approx(0.0625)
+    assert s["raw_gap_slope_per_step"] < 0
 
 
 def test_probe_gap_is_exactly_the_world_model_minus_real_score():
