@@ -120,3 +120,22 @@ def test_a_killed_warm_start_continues_from_its_checkpoint_to_the_same_weights(t
     assert warm_start(again, RawCodeScaffold(), specs, replies, checkpoint=file, **kwargs) == losses  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="remove it or pass another checkpoint"):
         warm_start(again, RawCodeScaffold(), specs, replies[:4], checkpoint=file, **kwargs)  # type: ignore[arg-type]
+
+
+def test_micro_batches_accumulate_to_the_full_batch_gradient(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    grads: list[dict[str, torch.Tensor]] = []
+
+    class Recording(torch.optim.AdamW):  # keeps the gradient of every step it takes
+        def step(self, closure=None):  # type: ignore[no-untyped-def,override]
+            grads.append({str(i): p.grad.detach().clone() for i, p in enumerate(self.param_groups[0]["params"])})
+            return super().step(closure)
+
+    monkeypatch.setattr(torch.optim, "AdamW", Recording)
+    specs = [TaskSpec.from_task("boston")]
+    replies = [("boston", "```python\n" + "x = 1\n" * (i + 1) + "```") for i in range(4)]  # unequal lengths
+    kwargs = {"steps": 1, "batch_size": 4, "seed": 0, "learning_rate": 1e-2}
+    a = warm_start(load_policy("tiny", seed=0), RawCodeScaffold(), specs, replies, **kwargs)  # type: ignore[arg-type]
+    b = warm_start(load_policy("tiny", seed=0), RawCodeScaffold(), specs, replies, micro_batch_size=1, **kwargs)  # type: ignore[arg-type]
+    assert b == pytest.approx(a, rel=1e-5) and len(grads) == 2
+    for name, whole in grads[0].items():
+        assert torch.allclose(whole, grads[1][name], rtol=1e-4, atol=1e-7), name

@@ -104,6 +104,7 @@ def warm_start_plans(
         seed=seed,
         observations=observations,
         batch_size=batch_size,
+        micro_batch_size=1 if name == "raw" else None,  # scripts of unequal length: no padding
         checkpoint=checkpoint,
         progress=progress,
     )
