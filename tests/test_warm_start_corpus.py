@@ -23,8 +23,6 @@ def test_corpus_replies_are_the_valid_train_split_scripts_only() -> None:
     for task_id, reply in replies:
         assert reply.startswith("```python\n") and reply.endswith("\n```")
         assert (task_id, extract_script(reply)) in valid_train  # the scaffold reads back the logged script
-    sample = corpus_script_replies(max_scripts=10, seed=1)
-    assert len(sample) == 10 and set(sample) <= set(replies) and sample == corpus_script_replies(10, seed=1)
 
 
 def test_first_observation_is_the_task_overview() -> None:

@@ -110,22 +110,17 @@ def warm_start_plans(
     )
 
 
-def corpus_script_replies(max_scripts: int | None = None, seed: int = 0) -> list[tuple[str, str]]:
+def corpus_script_replies() -> list[tuple[str, str]]:
     """``(task_id, reply)`` demonstrations for the raw-code scaffold: the shipped agent
     corpus's agent-style scripts on train-split tables that ran and wrote a valid submission,
     each as a fenced ```python block. Held-out tables and families and the exploit suite are
-    never included, so a policy warm-started on them is evaluated out of sample. With
-    ``max_scripts``, a seeded sample of that many."""
-    import random
-
+    never included, so a policy warm-started on them is evaluated out of sample."""
     from agents.llm.scaffolds import fenced_script
     from wmrl_envs.world_models.agent_corpus import read_agent_corpus
 
     records = [r for r in read_agent_corpus(splits=("train",)) if r.outcome is not None and r.outcome.status == "valid"]
     if not records:
         raise FileNotFoundError("the agent corpus holds no valid train-split script to warm-start on")
-    if max_scripts is not None and max_scripts < len(records):
-        records = random.Random(seed).sample(records, max_scripts)
     return [(r.task_id, fenced_script(r.code)) for r in records]
 
 
