@@ -23,6 +23,7 @@ True
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import threading
@@ -91,6 +92,8 @@ class OutcomeCache:
         return result
 
     def __getattr__(self, name: str) -> Any:  # backend, sandboxed, ... of the real executor
+        if name == "executor" or name.startswith("__"):  # copy / pickle probe a half-built instance
+            raise AttributeError(name)
         return getattr(self.executor, name)
 
 
@@ -108,7 +111,17 @@ class ScriptCounter:
         return self.model.predict(contexts, actions)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "model" or name.startswith("__"):  # copy / pickle probe a half-built instance
+            raise AttributeError(name)
         return getattr(self.model, name)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ScriptCounter:
+        """A copy of the model that records into the same per-task sets: a world-model refit
+        (:class:`~agents.grpo.WorldModelUpdater` grades with a deep copy once it is swapped in)
+        must not lose the scripts its copy grades from the arm's count."""
+        twin = ScriptCounter(copy.deepcopy(self.model, memo))
+        twin.scripts = self.scripts
+        return twin
 
 
 def distinct_scripts(*sources: Mapping[str, set[str]]) -> dict[str, int]:

@@ -108,3 +108,21 @@ def test_a_background_refit_is_charged_to_the_process_cpu_clock():
     updater.wait()
     _run(env, updater, 1, start=1)
     assert updater.fit_seconds >= 0.3 and time.process_time() - cpu0 >= updater.fit_seconds
+
+
+def test_refits_a_model_behind_the_benchmarks_script_counter_and_keeps_its_count():
+    # The speedup benchmark grades through ScriptCounter, a proxy with __getattr__; a deep copy
+    # of it recursed forever (RecursionError in the background refit of a full stress run).
+    from benchmarks.speedup_accounting import ScriptCounter
+
+    counter = ScriptCounter(LearningWorldModel(noise=0.0))
+    env = build_stack(ToySeamEnv(n_actions=64), "wmrl", counter, anchor_fraction=0.5)
+    updater = WorldModelUpdater(env, every=16, holdout=0.25, background=False)
+    _run(env, updater, 6)
+    refitted = StackHandle(env).world_model
+    assert isinstance(refitted, ScriptCounter) and refitted is not counter and updater.history
+    assert refitted.model.seen and not counter.model.seen  # the copy learned, the original did not
+    before = sum(len(s) for s in counter.scripts.values())
+    _run(env, updater, 6, start=6)
+    assert refitted.scripts is counter.scripts  # what the copy grades lands in the arm's count
+    assert sum(len(s) for s in counter.scripts.values()) > before
