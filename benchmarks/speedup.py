@@ -77,6 +77,7 @@ __all__ = [
     "tables",
     "ARM_METRICS",
     "SPEEDUP_ARMS",
+    "OPTIONAL_ARMS",
     "build_summary",
     "partial_summary",
 ]
@@ -100,10 +101,24 @@ SHADOW_METRICS = (
 #: The WMRL arm's anchor metrics (see :func:`anchor_fields`), with CIs in ``summary.json``.
 ANCHOR_METRICS = ("anchor_cpu_share", "informative_anchor_share", "anchor_weight_mean")
 
-#: The arms: the three stacks, plus ``real1`` -- real execution with one group per step, so
-#: it takes as many optimizer steps per CPU-second as its execution cost allows (separates
-#: "cheaper reward" from "more steps").
+#: The default arms: the three stacks, plus ``real1`` -- real execution with one group per
+#: step, so it takes as many optimizer steps per CPU-second as its execution cost allows
+#: (separates "cheaper reward" from "more steps").
 SPEEDUP_ARMS = ("real", "real1", "wm", "wmrl")
+
+#: Arms a config may add: ``wmrl-informative`` is the ``wmrl`` stack with informative anchor
+#: selection whatever ``anchor_selection`` says, so one run can hold the paper's random anchors
+#: and the informative ones side by side.
+OPTIONAL_ARMS = ("wmrl-informative",)
+
+#: Arms that run the ``wmrl`` stack (anchors, calibration, denoising).
+ANCHORED_ARMS = ("wmrl", "wmrl-informative")
+
+#: Arms graded by the world model (charged its one-off cost; shadow-probed).
+WORLD_MODEL_ARMS = ("wm", *ANCHORED_ARMS)
+
+#: The stack each arm runs (an arm not listed runs the stack of its own name).
+_ARM_STACK = {"real1": "real", "wmrl-informative": "wmrl"}
 
 RATIO_METRICS = ("reach_ratio", "ideal_ratio", "real_reach_cost", "wmrl_reach_cost")
 
@@ -118,7 +133,8 @@ class SpeedupConfig:
     """Knobs of the budget-matched speedup (defaults: the main job, <= 15 min on 2 cores).
 
     Attributes:
-        arms: training arms to run, from :data:`SPEEDUP_ARMS` (``real``, ``real1``, ``wm``, ``wmrl``).
+        arms: training arms to run: :data:`SPEEDUP_ARMS` (``real``, ``real1``, ``wm``, ``wmrl``, the
+            default) and :data:`OPTIONAL_ARMS` (``wmrl-informative``).
         seeds: seeds (task sampling, sampling, anchor choice); mean and spread over them.
         tier: AutoResearch task tier: ``full`` (20-40k-row tables, runs of seconds to minutes)
             or ``small`` (the 2,500-row catalog).
@@ -231,9 +247,10 @@ class SpeedupConfig:
     save_policies: bool = False
 
     def __post_init__(self) -> None:
-        bad = [a for a in self.arms if a not in SPEEDUP_ARMS]
+        known = SPEEDUP_ARMS + OPTIONAL_ARMS
+        bad = [a for a in self.arms if a not in known]
         if bad or not self.arms or len(set(self.arms)) != len(self.arms):
-            raise ValueError(f"arms must be distinct names from {SPEEDUP_ARMS}, got {self.arms!r}")
+            raise ValueError(f"arms must be distinct names from {known}, got {self.arms!r}")
         if not self.seeds:
             raise ValueError("seeds must name at least one seed")
         if self.tier not in ("small", "full"):
@@ -392,11 +409,11 @@ def _arm_row(
         "update_cpu_s": _sum(history, "time/update_cpu"),
         "other_cpu_s": _sum(history, "time/env_other_cpu") + _sum(history, "time/env_reset_cpu"),
         "real_executions": int(_sum(history, "real_executions/step")),
-        "anchor_share": anchors / groups if arm == "wmrl" and groups else None,
+        "anchor_share": anchors / groups if arm in ANCHORED_ARMS and groups else None,
         "final_heldout": budget.points[-1]["heldout"] if budget.points else None,
         "best_heldout": max(scores) if scores else None,
         "final_train_reward": last.get("reward/mean"),
-        "anchor_weight": last.get("anchor/weight") if arm == "wmrl" else None,
+        "anchor_weight": last.get("anchor/weight") if arm in ANCHORED_ARMS else None,
         "monitor_gap": float(np.mean(gaps)) if gaps else None,
         "monitor_rank_agreement": float(np.mean(ranks)) if ranks else None,
         **anchor_fields(arm, history, cost),
@@ -411,7 +428,7 @@ def anchor_fields(arm: str, history: Sequence[Mapping[str, Any]], cost_cpu_s: fl
     with any known pair), ``anchor_weight_mean`` over steps and ``anchor_weight_trajectory``
     (``[step, weight, its standard error or None]`` at the first step and wherever the weight
     changed)."""
-    if arm != "wmrl":
+    if arm not in ANCHORED_ARMS:
         return dict.fromkeys(ANCHOR_METRICS + ("anchor_weight_trajectory",))
     monitored = _sum(history, "monitor/anchor_groups")
     weights = [
@@ -525,17 +542,17 @@ def _one_arm(
         executor=cache, **config.env_kwargs(),
     )  # fmt: skip
     stack = build_stack(
-        env, "real" if arm == "real1" else arm, counter, anchor_fraction=config.anchor_fraction,
+        env, _ARM_STACK.get(arm, arm), counter, anchor_fraction=config.anchor_fraction,
         anchor_min_per_step=config.anchor_min_per_step, seed=seed, calibration=config.calibration(),
-        anchor_selection=config.anchor_selection if arm == "wmrl" else "random",
+        anchor_selection={"wmrl": config.anchor_selection, "wmrl-informative": "informative"}.get(arm, "random"),
     )  # fmt: skip
     callbacks: list[Any] = [budget]
     updater = None
-    if arm == "wmrl" and config.wm_update_every:
+    if arm in ANCHORED_ARMS and config.wm_update_every:
         updater = WorldModelUpdater(stack, every=config.wm_update_every, seed=seed)
         callbacks.insert(0, updater)  # before the budget: a refit is swapped in before an evaluation
     probe = shadow_env = None
-    if arm in ("wm", "wmrl") and config.shadow_every:
+    if arm in WORLD_MODEL_ARMS and config.shadow_every:
         # its own env and cache: a probed script must not become a free repeat for the arm
         shadow_env = gym.make("wmrl/AutoResearch-v0", split="train", executor=OutcomeCache(), **config.env_kwargs())
         probe = ShadowProbe(
@@ -548,7 +565,7 @@ def _one_arm(
         budget.untimed.append(probe)
         callbacks.insert(0, probe)
     guard = None
-    if arm == "wmrl" and config.monitor_max_gap is not None:
+    if arm in ANCHORED_ARMS and config.monitor_max_gap is not None:
         guard = ExploitationGuard(stack, max_gap=config.monitor_max_gap, action=config.monitor_action)
         callbacks.insert(0, guard)
     grpo = GRPOConfig(
@@ -704,7 +721,7 @@ def _finish(
         "histories_in": "arms/<arm>-seed<seed>.json.gz",
     }
     plots = [str(_plot_curves(config, rows, run_dir / "heldout_vs_cost.png"))]
-    if "wmrl" in config.arms:
+    if any(a in ANCHORED_ARMS for a in config.arms):
         plots.append(str(_plot_monitor(histories, config, run_dir / "monitor.png")))
     if any(r.get("shadow") for r in rows):
         plots.append(str(_plot_shadow(rows, run_dir / "shadow_gap.png")))
@@ -782,7 +799,7 @@ def build_summary(
     and the number of seeds that reached; plus the world model's fit set, its overlap with
     the policy's tasks and its one-off cost."""
     one_off = (wm_info.get("fit_cpu_s") or 0.0) + (wm_info.get("fit_logged_cpu_s") or 0.0)
-    wm_arms = [a for a in config.arms if a in ("wm", "wmrl")]
+    wm_arms = [a for a in config.arms if a in WORLD_MODEL_ARMS]
     per_run = one_off / max(1, len(config.seeds) * len(wm_arms))  # amortised over the run's world-model arm runs
     real = {r["seed"]: r for r in rows if r["arm"] == "real"}
     arms: dict[str, Any] = {}
@@ -816,7 +833,7 @@ def build_summary(
                 key: {"mean": _mean([x[key] for x in shadows]), "ci95": bootstrap_ci([x[key] for x in shadows])}
                 for key in SHADOW_METRICS
             }
-        if arm == "wmrl":
+        if arm in ANCHORED_ARMS:
             for key in ANCHOR_METRICS:
                 values = [r.get(key) for r in mine]
                 entry[key], entry[key + "_ci95"] = _mean(values), bootstrap_ci(values)
@@ -985,8 +1002,14 @@ def _fmt(x: Any) -> str:
     return "—" if x is None else f"{x:.3g}"
 
 
-_COLORS = {"real": "tab:red", "real1": "tab:orange", "wm": "tab:grey", "wmrl": "tab:blue"}
-_STYLES = {"real": "-", "real1": "-.", "wm": ":", "wmrl": "--"}
+_COLORS = {
+    "real": "tab:red",
+    "real1": "tab:orange",
+    "wm": "tab:grey",
+    "wmrl": "tab:blue",
+    "wmrl-informative": "tab:green",
+}
+_STYLES = {"real": "-", "real1": "-.", "wm": ":", "wmrl": "--", "wmrl-informative": "--"}
 
 
 def _bootstrap_band(stack: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -139,6 +139,54 @@ def test_wm_update_plot_draws_both_models_per_refit(tmp_path):
     assert path.stat().st_size > 0
 
 
+def test_each_anchored_arm_builds_the_wmrl_stack_with_its_own_anchor_selection(monkeypatch):
+    import benchmarks.speedup as speedup
+
+    built = {}
+
+    class Built(Exception):
+        pass
+
+    def fake_stack(env, stack, world_model, **kwargs):
+        built.update(stack=stack, selection=kwargs["anchor_selection"])
+        raise Built
+
+    monkeypatch.setattr(speedup, "make_vector_env", lambda *a, **k: object())
+    monkeypatch.setattr(speedup, "build_stack", fake_stack)
+    config = speedup.SpeedupConfig(arms=("wmrl", "wmrl-informative"), anchor_selection="random")
+    expected = {"wmrl": ("wmrl", "random"), "wmrl-informative": ("wmrl", "informative"), "real1": ("real", "random")}
+    for arm, (stack, selection) in expected.items():
+        with pytest.raises(Built):
+            speedup._one_arm(arm, 0, None, None, object(), config, [], None, None)
+        assert (built["stack"], built["selection"]) == (stack, selection), arm
+    assert speedup.SpeedupConfig().arms == speedup.SPEEDUP_ARMS  # the optional arm runs only when named
+    with pytest.raises(ValueError, match="wmrl-informative"):
+        speedup.SpeedupConfig(arms=("wmrl-smart",))
+
+
+def test_the_informative_arm_reports_anchor_metrics_and_ratios_against_real_and_wm():
+    from benchmarks.speedup import SpeedupConfig, anchor_fields, build_summary
+
+    history = [{"step": 1, "anchor/weight": 1.0, "time/real_grading_cpu": 2.0, "monitor/anchor_groups": 2,
+                "monitor/informative_groups": 2}]  # fmt: skip
+    curve = [
+        {"fraction": 0.0, "cost_cpu_s": 0.0, "heldout": 0.2},
+        {"fraction": 1.0, "cost_cpu_s": 10.0, "heldout": 0.6},
+    ]
+    rows = [
+        {"arm": arm, "seed": 0, "curve": curve, "final_heldout": 0.6, "cost_cpu_s": 10.0, "steps": 5,
+         **anchor_fields(arm, history, 10.0)}
+        for arm in ("real", "wm", "wmrl-informative")
+    ]  # fmt: skip
+    config = SpeedupConfig(arms=("real", "wm", "wmrl-informative"), seeds=(0,))
+    summary = build_summary(config, rows, {"fit_cpu_s": 4.0, "fit_logged_cpu_s": 0.0})
+    arm = summary["arms"]["wmrl-informative"]
+    assert arm["informative_anchor_share"] == 1.0 and arm["anchor_cpu_share"] == pytest.approx(0.2)
+    assert "reach_ratio_final" in arm and "reach_vs_wm_ratio_final" in arm
+    # two world-model arm runs share the one-off cost
+    assert summary["wm_one_off_cost"]["per_world_model_arm_run_cpu_s"] == pytest.approx(2.0)
+
+
 def test_speedup_config_refuses_bad_anchor_and_calibration_settings():
     from benchmarks.speedup import SpeedupConfig
 
