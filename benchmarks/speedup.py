@@ -1082,19 +1082,22 @@ def _plot_shadow(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
 
 def _plot_wm_updates(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """Fidelity on the held-back anchor scripts of the WMRL arm at every refit: the updated
-    world model against the one the run started with (same scripts)."""
-    fig, axes = new_figure(10.0, 3.6, ncols=2)
+    world model against the one the run started with (same scripts). The mean absolute score
+    error is there because a policy that settles on a few scripts leaves one or two held-back
+    scripts per task, where a within-task Spearman is +-1 or undefined."""
+    fig, axes = new_figure(14.0, 3.6, ncols=3)
+    keys = ("status_accuracy", "spearman_within_task", "mae")
     for r in rows:
         history = (r.get("wm_updates") or {}).get("history") or []
-        for ax, key in zip(axes, ("status_accuracy", "spearman_within_task")):
+        for ax, key in zip(axes, keys):
             for which, style in (("updated", "-"), ("initial", ":")):
                 pts = [(h["step"], h[which].get(key)) for h in history if h[which].get(key) is not None]
                 if pts:
                     ax.plot(*zip(*pts), ls=style, marker="o", ms=3, lw=1, label=f"seed{r['seed']} {which}")
-    for ax, title in zip(axes, ("status accuracy", "within-task Spearman")):
-        ax.set_title(f"held-back anchor scripts: {title}")
+    for ax, title in zip(axes, ("status accuracy", "within-task Spearman", "mean |score error|")):
+        ax.set_title(f"held-back anchor scripts: {title}", fontsize=10)
         ax.set_xlabel("training step")
-    axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    axes[2].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     return save_figure(fig, path)
 
 
