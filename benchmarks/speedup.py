@@ -174,6 +174,9 @@ class SpeedupConfig:
             sampled), ``informative`` (drawn after the members' first actions, among groups
             with >= 2 distinct scripts) or ``least-confident`` (the same, the world model's
             least confident first): see :class:`~wrappers.VectorAnchorWrapper`.
+        anchor_keep_share: the last two: grade one-script groups for real when a step has too
+            few others to meet its share (``VectorAnchorWrapper(keep_share=...)``); ``false``
+            carries the deficit instead (the protocols started before 2026-12-06 pin it).
         calibration_start_pairs: anchor pairs before the first isotonic fit (paper: 200).
         calibration_start_rule: ``count`` (the paper's) or ``cv`` (see CalibrationConfig).
         shadow_every: ``wm`` and ``wmrl`` arms: every this many steps grade ``shadow_sample`` of
@@ -226,6 +229,7 @@ class SpeedupConfig:
     anchor_fraction: float = 0.10
     anchor_min_per_step: int = 0
     anchor_selection: str = "random"
+    anchor_keep_share: bool = True
     calibration_start_pairs: int = 16
     calibration_start_rule: str = "count"
     wm_update_every: int = 0
@@ -545,6 +549,7 @@ def _one_arm(
         env, _ARM_STACK.get(arm, arm), counter, anchor_fraction=config.anchor_fraction,
         anchor_min_per_step=config.anchor_min_per_step, seed=seed, calibration=config.calibration(),
         anchor_selection={"wmrl": config.anchor_selection, "wmrl-informative": "informative"}.get(arm, "random"),
+        anchor_keep_share=config.anchor_keep_share,
     )  # fmt: skip
     callbacks: list[Any] = [budget]
     updater = None

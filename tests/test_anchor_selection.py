@@ -37,11 +37,14 @@ class ConfidenceWorldModel(SyntheticWorldModel):
         ]
 
 
-def _stack(n_groups: int, size: int, fraction: float, seed: int = 0, wm=None, selection="informative", **calibration):
+def _stack(
+    n_groups: int, size: int, fraction: float, seed: int = 0, wm=None, selection="informative", keep_share=True,
+    **calibration,
+):  # fmt: skip
     venv = gym.vector.SyncVectorEnv([lambda: ToySeamEnv(max_turns=1)] * (n_groups * size))
     anchor = VectorAnchorWrapper(
         VectorWorldModelWrapper(venv, wm or ConfidenceWorldModel()), fraction=fraction, min_per_step=0, seed=seed,
-        selection=selection, anchor_auto_groups=False,
+        selection=selection, anchor_auto_groups=False, keep_share=keep_share,
     )  # fmt: skip
     env = VectorCalibrationWrapper(anchor, **calibration) if calibration else anchor
     env.reset()  # gymnasium: the first reset covers every sub-env (filler groups, never anchors)
@@ -137,9 +140,9 @@ def test_least_confident_selection_grades_the_unsure_group_unless_it_holds_copie
     env.close()
 
 
-def test_all_degenerate_steps_grade_nothing_for_real_and_the_share_catches_up():
+def test_without_keep_share_all_degenerate_steps_grade_nothing_for_real_and_the_share_catches_up():
     size = 2
-    env = _stack(n_groups=2, size=size, fraction=0.5)
+    env = _stack(n_groups=2, size=size, fraction=0.5, keep_share=False)
     for step in range(4):
         _, (_, _, _, _, infos) = _step(env, env, step, [2 * step + 1, 2 * step + 3], [7, 7, 9, 9], size)
         assert not infos["anchor"].any()
@@ -147,6 +150,25 @@ def test_all_degenerate_steps_grade_nothing_for_real_and_the_share_catches_up():
     _, (_, _, _, _, infos) = _step(env, env, 4, [1, 3], [0, 1, 2, 3], size)
     assert infos["anchor"].all()  # four groups behind target: both distinct groups are anchors now
     assert env.scheduler.realized_fraction == pytest.approx(0.2)
+
+
+def test_keep_share_grades_a_collapsed_policy_for_real_and_stays_on_target():
+    """A policy whose every group is copies of one script: by default its share is still met,
+    so the exploitation monitor sees it; groups with distinct scripts still come first."""
+    size = 2
+    env = _stack(n_groups=4, size=size, fraction=0.25)
+    for step in range(8):
+        tasks = [10 * step + j for j in range(4)]
+        _, (_, _, _, _, infos) = _step(env, env, step, tasks, [7, 7, 9, 9, 3, 3, 5, 5], size)
+        assert infos["anchor"].sum() == size  # one group of four, every step
+        graded = [sub_info(infos, i).get("true_score") is not None for i in range(8)]
+        assert graded == list(infos["anchor"])  # ... and its members are graded for real
+    assert env.scheduler.realized_fraction == pytest.approx(0.25)
+    assert env.env.counters.real_executions == 8 * size
+    # a step with one group of distinct scripts: that group is the anchor
+    _, (_, _, _, _, infos) = _step(env, env, 8, [90, 91, 92, 93], [7, 7, 9, 9, 3, 4, 5, 5], size)
+    assert list(infos["anchor"]) == [False, False, False, False, True, True, False, False]
+    env.close()
 
 
 def test_calibration_and_denoising_learn_from_informative_anchors():

@@ -145,7 +145,8 @@ def test_informative_anchors_are_chosen_after_sampling_among_groups_with_distinc
     env = make_vector_env("wmrl/AutoResearch-v0", len(TASKS) * GROUP, split="train", max_turns=1)
     wm = VectorWorldModelWrapper(env, WORLD_MODEL.get("wm") or WORLD_MODEL.setdefault("wm", _world_model()))
     env = VectorCalibrationWrapper(
-        VectorAnchorWrapper(wm, fraction=0.34, min_per_step=0, seed=0, selection="informative"), start_pairs=2
+        VectorAnchorWrapper(wm, fraction=0.34, min_per_step=0, seed=0, selection="informative", keep_share=False),
+        start_pairs=2,
     )
     episodes: list = []
 

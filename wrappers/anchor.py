@@ -28,9 +28,11 @@ each new group's first reset.
 
 With ``selection="informative"`` (vector form) a step's groups are decided at their first
 *step* instead, once every member's action is known: the world model previews the actions
-(its predictions are reused by the step, not made twice), and groups whose members all wrote
-the same script are passed over (their real scores would be equal: nothing for the
-calibration or the denoising weight to learn); the anchors are drawn from the others.
+(its predictions are reused by the step, not made twice), and the anchors are drawn first
+from the groups with two or more distinct scripts; a group whose members all wrote the same
+script (real scores equal: nothing for the within-group ranking or the denoising weight to
+learn) is graded for real only to make up a step's share when too few others exist
+(``keep_share``, the default), so a policy collapsed onto one script stays watched.
 ``selection="least-confident"`` prefers the world model's least confident of those
 (:func:`~wrappers.parts.scheduling.informative_priority`). Resets of such a group leave
 ``anchor`` out (undecided); its steps report the decision.
@@ -164,12 +166,14 @@ class _AnchorCore:
         auto_group_size: int,
         anchor_auto_groups: bool,
         selection: str = "random",
+        keep_share: bool = True,
     ) -> None:
         if not isinstance(auto_group_size, int) or auto_group_size < 1:
             raise ValueError(f"auto_group_size must be an int >= 1, got {auto_group_size!r}")
         if selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
         self.selection = selection
+        self.keep_share = keep_share
         self.scheduler = scheduler
         self.book = GroupBook()
         self.members: list[_Member | None] = [None] * num_slots
@@ -260,7 +264,7 @@ class _AnchorCore:
             g: informative_priority([previewed.get(i, (None, None)) for i in group], least_confident=least_confident)
             for g, group in groups.items()
         }
-        anchors = self.scheduler.decide(priority)
+        anchors = self.scheduler.decide(priority, fill=self.keep_share)
         for g, group in groups.items():
             for i in group:
                 member = self.members[i]
@@ -591,6 +595,12 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper, RecordConstructorArgs):
             preview of its members' actions: see the module docstring). These need a group's
             members to take their first step together, as :class:`agents.llm.rollout.Rollout`
             does; the single form cannot see a group at once, so it has only ``"random"``.
+        keep_share: informative selections only: when a step has fewer groups with two or
+            more distinct scripts than its share of anchors, grade groups of one script for
+            real to make up the rest (default), so the realised share stays on target and a
+            policy collapsed onto one script is still checked against real execution.
+            ``False``: pass such groups over and carry the deficit to later steps (the
+            share falls below target for as long as the policy stays collapsed).
 """
         + _INFO_DOC
         + """
@@ -613,17 +623,19 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper, RecordConstructorArgs):
         grader: Callable[[Any], Any] | None = None,
         overlap_workers: int = 2,
         selection: str = "random",
+        keep_share: bool = True,
     ) -> None:
         record_constructor_args(
             self, fraction=fraction, min_per_step=min_per_step, max_concurrent=max_concurrent, seed=seed,
             groups_per_step=groups_per_step, auto_group_size=auto_group_size, anchor_auto_groups=anchor_auto_groups,
             overlap=overlap, grader=grader, overlap_workers=overlap_workers, selection=selection,
+            keep_share=keep_share,
         )  # fmt: skip
         super().__init__(env)
         wm = require_layer(env, VectorWorldModelWrapper, needed_by="VectorAnchorWrapper")
         scheduler = AnchorScheduler(fraction, min_per_step, max_concurrent, seed, groups_per_step)
         self._core = _AnchorCore(
-            scheduler, self.num_envs, wm.set_mode, auto_group_size, anchor_auto_groups, selection=selection
+            scheduler, self.num_envs, wm.set_mode, auto_group_size, anchor_auto_groups, selection, keep_share
         )
         self._steps = VectorSteps(env)
         if overlap and grader is None:  # a SyncVectorEnv's first sub-env grades any request

@@ -45,6 +45,7 @@ def build_stack(
     calibration: CalibrationConfig | None = None,
     anchor_overlap: bool = False,
     anchor_selection: str = "random",
+    anchor_keep_share: bool = True,
 ) -> Any:
     """Wrap ``env`` (an OutcomeSeam env, single or vector) as the stack ``kind``.
 
@@ -64,6 +65,8 @@ def build_stack(
             members' first actions, among groups with distinct scripts) or ``"least-confident"``
             (the same, least confident first); the last two on a vector ``wmrl`` stack only
             (see :class:`~wrappers.anchor.VectorAnchorWrapper`).
+        anchor_keep_share: with the last two, grade one-script groups for real when a step
+            has too few others to meet its share (``VectorAnchorWrapper(keep_share=...)``).
     """
     if kind not in STACKS:
         raise ValueError(f"unknown stack {kind!r}; choose from {STACKS}")
@@ -85,7 +88,13 @@ def build_stack(
         return env
     if vector:  # only the vector form sees a group's members step together (informative selection)
         env = VectorAnchorWrapper(
-            env, anchor_fraction, anchor_min_per_step, seed=seed, overlap=anchor_overlap, selection=anchor_selection
+            env,
+            anchor_fraction,
+            anchor_min_per_step,
+            seed=seed,
+            overlap=anchor_overlap,
+            selection=anchor_selection,
+            keep_share=anchor_keep_share,
         )
     else:
         env = AnchorWrapper(env, anchor_fraction, anchor_min_per_step, seed=seed, overlap=anchor_overlap)
