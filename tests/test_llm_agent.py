@@ -265,6 +265,9 @@ def test_task_score_is_valid_rate_times_mean_best_percentile():
     ]
     s = task_score("t", "binary", trajs)
     assert s.valid_rate == 0.5 and s.mean_best_percentile == pytest.approx(0.5) and s.score == pytest.approx(0.25)
+    # what each trajectory ended with: its last graded outcome (a trailing ungraded turn is skipped)
+    assert s.statuses == {"malformed": 1, "runtime_error": 1, "valid": 2}
+    assert task_score("t", "binary", [[None]]).statuses == {"ungraded": 1}
     assert task_score("t", "binary", [[Outcome("no_submission", 0.2)]]).score == 0.0
     unknown = Outcome("valid", None, metrics={"percentile": None})
     assert task_score("t", "binary", [[unknown]]).score is None

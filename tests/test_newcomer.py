@@ -47,6 +47,9 @@ def no_model_load(monkeypatch):
         (["train", "--policy", "tiny"], "train needs --output-dir"),
         (["evaluate", "--checkpoint", "/no/such/run"], "--checkpoint '/no/such/run' does not exist"),
         (["evaluate", "--tasks", "titanic"], "'titanic' is a train-split task but --tasks takes test-split"),
+        (["evaluate", "--split", "train", "--tasks", "ames"], "'ames' is a test-split task but --tasks takes train"),
+        (["evaluate", "--split", "dev"], "--split 'dev' is not valid"),
+        (["train", "--eval-split", "train", "--output-dir", "X"], "--eval-split 'train': train's before / after"),
         (["evaluate", "--policy", "./no/such/model"], "is not a local directory"),
     ],
 )

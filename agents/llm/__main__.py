@@ -149,18 +149,23 @@ class EvalConfig:
 
     Attributes:
         k: samples per task.
-        tasks: held-out task ids (none = the catalog's test split).
-        tasks_per_round: held-out tasks rolled out side by side (one batched generation).
+        tasks: task ids (none = every task of ``split``).
+        split: the catalog split the tasks come from: ``test`` (held-out tables) or ``train``
+            (the tables a policy trains on).
+        tasks_per_round: tasks rolled out side by side (one batched generation).
         max_new_tokens: tokens sampled per turn.
         temperature: sampling temperature.
+        top_p: nucleus sampling threshold (1 = off).
         seed: sampling seed.
     """
 
     k: int = 4
     tasks: tuple[str, ...] | None = None
+    split: str = "test"
     tasks_per_round: int = 3
     max_new_tokens: int = 96
     temperature: float = 1.0
+    top_p: float = 1.0
     seed: int = 0
 
 
@@ -169,8 +174,9 @@ def _evaluate(policy: Any, scaffold: Any, setup: AgentSetup, cfg: EvalConfig) ->
     from wmrl_envs.autoresearch.tasks import list_catalog
 
     result = evaluate_heldout(
-        policy, scaffold, list(cfg.tasks or list_catalog("test")), k=cfg.k, tasks_per_round=cfg.tasks_per_round,
-        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed, **setup.env_kwargs(),
+        policy, scaffold, list(cfg.tasks or list_catalog(cfg.split)), k=cfg.k, tasks_per_round=cfg.tasks_per_round,
+        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
+        split=cfg.split, **setup.env_kwargs(),
     )  # fmt: skip
     return result.to_dict()
 
@@ -280,6 +286,11 @@ def _check_train(run: TrainRun, grpo: Any, cfg: EvalConfig, explicit: set[str] |
     if run.stack != "real" and not run.remote:
         check_world_model(run.world_model)
     check_tasks(run.tasks, split="train", flag="--tasks")
+    if cfg.split != "test":
+        raise UsageError(
+            f"--eval-split {cfg.split!r}: train's before / after evaluation is on held-out (test-split) tables; "
+            "measure a checkpoint on training tables with `evaluate --split train`"
+        )
     check_tasks(cfg.tasks, split="test", flag="--eval-tasks")
     if grpo.output_dir is None:
         raise UsageError("train needs --output-dir DIR (metrics, checkpoints and TensorBoard logs go there)")
@@ -426,7 +437,8 @@ def cmd_evaluate(run: EvalRun, cfg: EvalConfig, explicit: set[str] | None = None
     run.lora = lora_by_default(run.policy) if run.lora is None else run.lora
     check_policy(run.policy)
     check_choice("--scaffold", run.scaffold, sorted(SCAFFOLDS))
-    check_tasks(cfg.tasks, split="test", flag="--tasks")
+    check_choice("--split", cfg.split, ["test", "train"])
+    check_tasks(cfg.tasks, split=cfg.split, flag="--tasks")
 
     import torch
 

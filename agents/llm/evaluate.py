@@ -23,6 +23,7 @@ the real-execution vector env itself).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,9 @@ class TaskScore:
         score: ``valid_rate * mean_best_percentile``; 0.0 when nothing was valid; ``None``
             when valid trajectories exist but none has a known percentile.
         mean_reward: mean trajectory reward (``None`` rewards excluded), for reference.
+        statuses: trajectories by the status of their last graded outcome (``valid``,
+            ``syntax_error``, ``runtime_error``, ...; ``ungraded`` when none was graded):
+            what the invalid ones got wrong.
     """
 
     task_id: str
@@ -58,6 +62,7 @@ class TaskScore:
     mean_best_percentile: float | None
     score: float | None
     mean_reward: float | None = None
+    statuses: dict[str, int] = field(default_factory=dict)
 
 
 def _best_percentile(outcomes: Sequence[Any]) -> tuple[bool, float | None]:
@@ -81,9 +86,11 @@ def task_score(
     else:
         score = None if mean_best is None else round(valid_rate * mean_best, 12)
     graded = [r for r in rewards if r is not None]
+    last = [next((str(o.status) for o in reversed(t) if o is not None), "ungraded") for t in trajectories]
     return TaskScore(
-        task_id, category, len(trajectories), valid_rate, mean_best, score, float(np.mean(graded)) if graded else None
-    )
+        task_id, category, len(trajectories), valid_rate, mean_best, score, float(np.mean(graded)) if graded else None,
+        dict(sorted(Counter(last).items())),
+    )  # fmt: skip
 
 
 @dataclass
@@ -167,10 +174,13 @@ def evaluate_heldout(
     top_p: float = 1.0,
     seed: int = 0,
     vectorization: str = "sync",
+    split: str = "test",
     **env_kwargs: Any,
 ) -> EvalResult:
     """:func:`evaluate` through a fresh real-execution vector env of ``wmrl/AutoResearch-v0``
-    (``env_kwargs``: ``max_turns``, ``wall_seconds``, ...), closed afterwards.
+    on the catalog's ``split`` (``"test"``: held-out tables; ``"train"`` to measure the
+    policy on the tables it trains on) (``env_kwargs``: ``max_turns``, ``wall_seconds``, ...),
+    closed afterwards.
 
     ``tasks_per_round`` tasks are rolled out side by side (default: all, one round), so one
     batched generation serves ``k x tasks_per_round`` slots.
@@ -178,9 +188,7 @@ def evaluate_heldout(
     from wmrl_envs.vector import make_vector_env
 
     per_round = max(1, min(len(tasks), tasks_per_round or len(tasks)))
-    env = make_vector_env(
-        "wmrl/AutoResearch-v0", k * per_round, vectorization=vectorization, split="test", **env_kwargs
-    )
+    env = make_vector_env("wmrl/AutoResearch-v0", k * per_round, vectorization=vectorization, split=split, **env_kwargs)
     try:
         return evaluate(
             policy,
