@@ -136,6 +136,17 @@ def test_signal_watch_names_the_malformed_cause_and_resets_on_signal():
     assert "unknown" in (watch.update(6, skipped) or "")
 
 
+def test_signal_watch_tells_a_collapse_from_a_policy_that_never_wrote_the_format():
+    """Seen in the full-tier protocol: a policy at 100% valid replies went to 100% malformed
+    within two updates and stayed there (every group equal, no gradient)."""
+    watch = SignalWatch(patience=2)
+    watch.update(1, {"groups/used": 2, "groups/degenerate": 1, "reward/valid_rate": 1.0, "reward/malformed_rate": 0.0})
+    flat = {"groups/used": 2, "groups/degenerate": 2, "reward/malformed_rate": 1.0, "reward/valid_rate": 0.0}
+    watch.update(2, flat)
+    text = watch.update(3, flat) or ""
+    assert "collapsed" in text and "100% valid at step 1" in text and "warm-start" not in text
+
+
 def test_idle_corrections_warn_before_a_short_wmrl_run(monkeypatch):
     from wrapper_toys import SyntheticWorldModel, ToySeamEnv
 

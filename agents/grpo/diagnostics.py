@@ -63,6 +63,9 @@ class SignalWatch:
         self.first_step: int | None = None
         self.warned = False
         self.steps_without_signal = 0
+        #: the best share of valid replies seen so far and its step: a policy that wrote its
+        #: format and then stopped has collapsed, which needs another remedy than a warm start
+        self.best_valid: tuple[float, int] | None = None
 
     @staticmethod
     def has_signal(metrics: Mapping[str, Any]) -> bool:
@@ -70,6 +73,9 @@ class SignalWatch:
         return int(metrics.get("groups/used") or 0) - int(metrics.get("groups/degenerate") or 0) > 0
 
     def update(self, step: int, metrics: Mapping[str, Any]) -> str | None:
+        valid = metrics.get("reward/valid_rate")
+        if valid is not None and (self.best_valid is None or float(valid) > self.best_valid[0]):
+            self.best_valid = (float(valid), step)
         if self.has_signal(metrics):
             self.streak, self.first_step, self.warned = [], None, False
             return None
@@ -97,6 +103,14 @@ class SignalWatch:
             f"no group carried a learning signal in {span} ({used + skipped} groups: {degenerate} with identical "
             f"rewards, {skipped} with < 2 graded members{replies}), so the updates change nothing"
         )
+        if (last.get("reward/malformed_rate") or 0.0) >= 0.5 and self.best_valid and self.best_valid[0] >= 0.5:
+            rate, at = self.best_valid
+            return text + (
+                f". The policy has collapsed off the scaffold's format: its replies were {_pct(rate)} valid at step "
+                f"{at}. Groups of malformed replies all score the same, so nothing pulls it back (it recovers only "
+                "if a sample happens to be valid); an update on a group with one malformed member can push a small "
+                "policy there at a high learning rate: lower --learning-rate, or resume from an earlier checkpoint"
+            )
         if (last.get("reward/malformed_rate") or 0.0) >= 0.5:
             return text + (
                 ". The policy does not write the scaffold's format yet: warm-start it (--warm-start-steps 60, "
