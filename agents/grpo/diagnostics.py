@@ -103,15 +103,16 @@ class SignalWatch:
             f"no group carried a learning signal in {span} ({used + skipped} groups: {degenerate} with identical "
             f"rewards, {skipped} with < 2 graded members{replies}), so the updates change nothing"
         )
-        if (last.get("reward/malformed_rate") or 0.0) >= 0.5 and self.best_valid and self.best_valid[0] >= 0.5:
-            rate, at = self.best_valid
-            return text + (
-                f". The policy has collapsed off the scaffold's format: its replies were {_pct(rate)} valid at step "
-                f"{at}. Groups of malformed replies all score the same, so nothing pulls it back (it recovers only "
-                "if a sample happens to be valid); an update on a group with one malformed member can push a small "
-                "policy there at a high learning rate: lower --learning-rate, or resume from an earlier checkpoint"
-            )
         if (last.get("reward/malformed_rate") or 0.0) >= 0.5:
+            if self.best_valid is not None and self.best_valid[0] >= 0.5:
+                rate, at = self.best_valid
+                return text + (
+                    f". The policy has collapsed off the scaffold's format: its replies were {_pct(rate)} valid at "
+                    f"step {at}. Groups of malformed replies all score the same, so nothing pulls it back (it recovers "
+                    "only if a sample happens to be valid); an update on a group with one malformed member can push a "
+                    "small policy there at a high learning rate: lower --learning-rate, or resume from an earlier "
+                    "checkpoint"
+                )
             return text + (
                 ". The policy does not write the scaffold's format yet: warm-start it (--warm-start-steps 60, "
                 "or --policy tiny-plan) or use a stronger model"

@@ -174,7 +174,7 @@ class AnchorScheduler:
         eligible = [i for i, gid in enumerate(ids) if candidates[gid] is not None]
         slots = self._choose(len(ids), floor=True, most=len(ids) if fill else len(eligible))
         # groups with a priority first, highest first; the seeded draws of _choose break ties
-        ranked = eligible + ([i for i in range(len(ids)) if candidates[ids[i]] is None] if fill else [])
+        ranked = range(len(ids)) if fill else eligible
         order = sorted(
             ranked, key=lambda i: (candidates[ids[i]] is None, -float(candidates[ids[i]] or 0.0), not slots[i])
         )
