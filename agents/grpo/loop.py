@@ -508,9 +508,13 @@ def train(
     random.seed(config.seed)
     np.random.seed(config.seed)
     torch.manual_seed(config.seed)
-    start_step, real_total = _resume(agent, optimizer, resume, out_dir)
+    saved = _resume(agent, optimizer, resume, out_dir)
+    start_step, real_total = int(saved.get("step") or 0), int(saved.get("real_executions_total") or 0)
     result = TrainResult(last_step=start_step, start_step=start_step)
     watch = SignalWatch(min(config.no_signal_patience, max(1, config.total_steps - start_step)))
+    if saved.get("best_valid_rate") is not None:  # a collapse after a resume is still named one
+        rate, at = saved["best_valid_rate"]
+        watch.best_valid = (float(rate), int(at))
     idle = handle.corrections_idle(config.total_steps - start_step, config.groups_per_step, config.group_size)
     if idle is not None:
         result.warnings.append(idle)
@@ -582,7 +586,12 @@ def train(
             reward = metrics["reward/mean"]
             bar.set_postfix(reward="n/a" if reward is None else f"{reward:.3f}", w=f"{anchor_weight:.2f}")
 
-            extra = {"config": asdict(config), "real_executions_total": real_total, "setup": run_info or {}}
+            extra = {
+                "config": asdict(config),
+                "real_executions_total": real_total,
+                "best_valid_rate": watch.best_valid,
+                "setup": run_info or {},
+            }
             done = step + 1 == config.total_steps
             every = config.checkpoint_every > 0 and (step + 1) % config.checkpoint_every == 0
             if out_dir is not None and (done or every):
@@ -603,8 +612,9 @@ def train(
 
 def _resume(
     agent: GRPOAgent, optimizer: torch.optim.Optimizer, resume: bool | str | Path, out_dir: Path | None
-) -> tuple[int, int]:
-    """``(start step, real executions so far)`` after restoring a checkpoint, if asked."""
+) -> dict[str, Any]:
+    """The restored checkpoint's ``trainer.json`` (``step``, ``real_executions_total``, ...),
+    or ``{}`` when there is nothing to resume."""
     if isinstance(resume, (str, Path)):
         checkpoint: Path | None = Path(resume)
         if not (Path(resume) / "trainer.json").is_file():
@@ -612,9 +622,8 @@ def _resume(
     else:
         checkpoint = out_dir / "checkpoint" if out_dir and resume else None
     if checkpoint is not None and (checkpoint / "trainer.json").is_file():
-        saved = load_checkpoint(checkpoint, agent, optimizer)
-        return int(saved["step"]), int(saved.get("real_executions_total") or 0)
-    return 0, 0
+        return load_checkpoint(checkpoint, agent, optimizer)
+    return {}
 
 
 def _real_executions(handle: StackHandle, before: dict[str, Any] | None, episodes: Sequence[Any]) -> int:
