@@ -796,6 +796,10 @@ def partial_summary(run_dir: Path) -> dict[str, Any]:
     return summary
 
 
+#: the parts of an arm's charged CPU (``<part>_cpu_s`` in its row), in ``summary.json``'s ``cpu_share``
+CPU_PARTS = ("gen", "real_grading", "wm_grading", "update", "other")
+
+
 def build_summary(
     config: SpeedupConfig, rows: Sequence[Mapping[str, Any]], wm_info: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -819,8 +823,17 @@ def build_summary(
             "steps": _mean([r["steps"] for r in mine]),
             "cache_hits": _mean([r.get("cache_hits") for r in mine]),
             "distinct_scripts_per_task": _mean([r.get("distinct_scripts_per_task") for r in mine]),
+            # where the budget went: a reward that costs nothing can only buy back its own share
+            "cpu_share": {
+                part: _mean([r[f"{part}_cpu_s"] / r["cost_cpu_s"] for r in mine if r.get(f"{part}_cpu_s") is not None])
+                for part in CPU_PARTS
+            },
         }
         if arm != "real" and real:
+            # "more optimizer steps per CPU-second": the speedup a cheaper reward alone would give
+            # if a step against it taught as much as a step against real execution
+            steps_ratios = [r["steps"] / real[r["seed"]]["steps"] for r in mine if real.get(r["seed"], {}).get("steps")]
+            entry["steps_vs_real"], entry["steps_vs_real_ci95"] = _mean(steps_ratios), bootstrap_ci(steps_ratios)
             ratios = [
                 reach_ratios(real[r["seed"]]["curve"], r["curve"], per_run if arm in wm_arms else 0.0)
                 for r in mine

@@ -173,16 +173,28 @@ def test_the_informative_arm_reports_anchor_metrics_and_ratios_against_real_and_
         {"fraction": 0.0, "cost_cpu_s": 0.0, "heldout": 0.2},
         {"fraction": 1.0, "cost_cpu_s": 10.0, "heldout": 0.6},
     ]
+    parts = {
+        "gen_cpu_s": 6.0,
+        "real_grading_cpu_s": 2.0,
+        "wm_grading_cpu_s": 0.0,
+        "update_cpu_s": 1.5,
+        "other_cpu_s": 0.5,
+    }
     rows = [
-        {"arm": arm, "seed": 0, "curve": curve, "final_heldout": 0.6, "cost_cpu_s": 10.0, "steps": 5,
-         **anchor_fields(arm, history, 10.0)}
-        for arm in ("real", "wm", "wmrl-informative")
+        {"arm": arm, "seed": 0, "curve": curve, "final_heldout": 0.6, "cost_cpu_s": 10.0, "steps": steps,
+         **parts, **anchor_fields(arm, history, 10.0)}
+        for arm, steps in (("real", 5), ("wm", 8), ("wmrl-informative", 6))
     ]  # fmt: skip
     config = SpeedupConfig(arms=("real", "wm", "wmrl-informative"), seeds=(0,))
     summary = build_summary(config, rows, {"fit_cpu_s": 4.0, "fit_logged_cpu_s": 0.0})
     arm = summary["arms"]["wmrl-informative"]
     assert arm["informative_anchor_share"] == 1.0 and arm["anchor_cpu_share"] == pytest.approx(0.2)
     assert "reach_ratio_final" in arm and "reach_vs_wm_ratio_final" in arm
+    # where the budget went, and the steps a cheaper reward bought
+    assert arm["cpu_share"] == pytest.approx({"gen": 0.6, "real_grading": 0.2, "wm_grading": 0.0, "update": 0.15,
+                                              "other": 0.05})  # fmt: skip
+    assert summary["arms"]["wm"]["steps_vs_real"] == pytest.approx(1.6) and arm["steps_vs_real"] == pytest.approx(1.2)
+    assert "steps_vs_real" not in summary["arms"]["real"]
     # two world-model arm runs share the one-off cost
     assert summary["wm_one_off_cost"]["per_world_model_arm_run_cpu_s"] == pytest.approx(2.0)
 
