@@ -31,12 +31,14 @@ between calibrated world-model and real scores on anchor groups, and their withi
 agreement, over training (``monitor.png``); ``monitor_max_gap`` lets
 :class:`~agents.grpo.ExploitationGuard` raise the anchor fraction or stop.
 
-An unfinished multi-seed run can be summarised from its saved arms at any time:
-``python -m benchmarks.speedup RUN_DIR`` (:func:`partial_summary`) writes
+A multi-seed run can be summarised from its saved arms at any time:
+``python -m benchmarks.speedup RUN_DIR`` (:func:`summary_from_arms`) writes
 ``summary-partial.json`` and ``heldout_vs_cost-partial.png`` over the seeds whose every arm
-finished.
+finished, or, once every planned seed has, ``summary.json`` and ``heldout_vs_cost.png`` as the
+run itself writes them (so a finished run's summary can be re-derived, e.g. after the summary
+gains a field).
 
-Classes: :class:`SpeedupConfig`. Functions: :func:`run`, :func:`partial_summary`,
+Classes: :class:`SpeedupConfig`. Functions: :func:`run`, :func:`summary_from_arms`,
 :func:`cost_to_reach`, :func:`headline`, :func:`tables`.
 """
 
@@ -79,7 +81,7 @@ __all__ = [
     "SPEEDUP_ARMS",
     "OPTIONAL_ARMS",
     "build_summary",
-    "partial_summary",
+    "summary_from_arms",
 ]
 
 NAME = "speedup"
@@ -759,13 +761,14 @@ def _finished_arm(saved: Path, arm: str, seed: int) -> dict[str, Any] | None:
     return json.loads(plain.read_text()) if plain.is_file() else None
 
 
-def partial_summary(run_dir: Path) -> dict[str, Any]:
-    """The summary of an unfinished run (``wmrl-bench speedup --run-dir RUN_DIR``, stopped or
+def summary_from_arms(run_dir: Path) -> dict[str, Any]:
+    """The summary of a run (``wmrl-bench speedup --run-dir RUN_DIR``: finished, stopped or
     still going) from its saved arms, over the seeds whose every arm finished; the world
-    model's one-off cost is amortised over those seeds' runs. Writes ``summary-partial.json``
-    (marked ``partial``) and ``heldout_vs_cost-partial.png`` (and, when the arms have them,
-    ``shadow_gap-partial.png`` and ``wm_updates-partial.png``) into ``run_dir``; the run itself
-    writes ``summary.json`` when every seed is done."""
+    model's one-off cost is amortised over those seeds' runs. While some planned seed is
+    unfinished it writes ``summary-partial.json`` (marked ``partial``) and
+    ``heldout_vs_cost-partial.png`` (and, when the arms have them, ``shadow_gap-partial.png``
+    and ``wm_updates-partial.png``) into ``run_dir``; once every planned seed is done,
+    ``summary.json`` (unmarked, as the run writes it) and those plots without the suffix."""
     run_dir = Path(run_dir)
     saved = json.loads((run_dir / "config.json").read_text())
     planned = build_config(SpeedupConfig, {k: v for k, v in saved.items() if k not in ("experiment", "config_file")})
@@ -783,16 +786,19 @@ def partial_summary(run_dir: Path) -> dict[str, Any]:
     provenance = run_dir / "world_model" / "provenance.json"
     wm_info = json.loads(provenance.read_text()) if provenance.is_file() else {}
     summary = build_summary(config, rows, wm_info)
-    summary["partial"] = (
-        f"PARTIAL: seeds {complete} of the planned {list(planned.seeds)}, from the saved arms "
-        "(benchmarks.speedup.partial_summary); the run writes summary.json when every seed is done"
-    )
-    write_json(run_dir / "summary-partial.json", summary)
-    _plot_curves(config, rows, run_dir / "heldout_vs_cost-partial.png")
+    suffix = ""
+    if len(complete) < len(planned.seeds):
+        suffix = "-partial"
+        summary["partial"] = (
+            f"PARTIAL: seeds {complete} of the planned {list(planned.seeds)}, from the saved arms "
+            "(benchmarks.speedup.summary_from_arms); summary.json is written when every seed is done"
+        )
+    write_json(run_dir / f"summary{suffix}.json", summary)
+    _plot_curves(config, rows, run_dir / f"heldout_vs_cost{suffix}.png")
     if any(r.get("shadow") for r in rows):
-        _plot_shadow(rows, run_dir / "shadow_gap-partial.png")
+        _plot_shadow(rows, run_dir / f"shadow_gap{suffix}.png")
     if any((r.get("wm_updates") or {}).get("history") for r in rows):
-        _plot_wm_updates(rows, run_dir / "wm_updates-partial.png")
+        _plot_wm_updates(rows, run_dir / f"wm_updates{suffix}.png")
     return summary
 
 
@@ -1144,8 +1150,9 @@ if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.speedup", description="summary of an unfinished speedup run from its saved arms"
+        prog="python -m benchmarks.speedup",
+        description="summary of a speedup run (finished or not) from its saved arms",
     )
     parser.add_argument("run_dir", type=Path, help="the run's directory (wmrl-bench speedup --run-dir)")
-    summary = partial_summary(parser.parse_args().run_dir)
-    print(json.dumps({k: summary[k] for k in ("seeds", "partial")}))
+    summary = summary_from_arms(parser.parse_args().run_dir)
+    print(json.dumps({"seeds": summary["seeds"], "partial": summary.get("partial", False)}))

@@ -99,16 +99,23 @@ def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
     assert main(["speedup", *args]) == 0
     again, _, _ = _read(run_dir)
     assert again["per_seed"] == result["per_seed"] and again["curves"] == result["curves"]
-    # The partial summary of the saved arms is the run's own summary, marked partial
-    from benchmarks.speedup import partial_summary
+    # From the saved arms: a finished run's summary is re-derived as the run wrote it ...
+    from benchmarks.speedup import summary_from_arms
 
-    assert partial_summary(run_dir)["seeds"] == [0]
+    (run_dir / "summary.json").unlink()
+    assert summary_from_arms(run_dir)["seeds"] == [0]
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    assert not (run_dir / "summary-partial.json").exists()
+    # ... and an unfinished one's is the same over its finished seeds, marked partial
+    planned = json.loads((run_dir / "config.json").read_text())
+    (run_dir / "config.json").write_text(json.dumps({**planned, "seeds": [0, 1]}))
+    summary_from_arms(run_dir)
     partial = json.loads((run_dir / "summary-partial.json").read_text())
-    assert partial.pop("partial").startswith("PARTIAL: seeds [0]") and partial == summary
+    assert partial.pop("partial").startswith("PARTIAL: seeds [0] of the planned [0, 1]") and partial == summary
     assert (run_dir / "heldout_vs_cost-partial.png").stat().st_size > 0
     (run_dir / "arms" / "wm-seed0.json.gz").unlink()  # a seed with an arm missing does not count
     with pytest.raises(FileNotFoundError, match="no seed"):
-        partial_summary(run_dir)
+        summary_from_arms(run_dir)
 
 
 def test_anchor_fields_read_what_the_wmrl_arms_anchors_bought():
