@@ -811,7 +811,8 @@ def build_summary(
 ) -> dict[str, Any]:
     """The run's summary (``summary.json``): per arm, final held-out score and cost-to-reach
     ratios vs the real arm at measured points, each a mean over seeds with a bootstrap 95% CI
-    and the number of seeds that reached; plus the world model's fit set, its overlap with
+    and the number of seeds that reached; the shares of its CPU (``cpu_share``) and its steps
+    per real-arm step (``steps_vs_real``); plus the world model's fit set, its overlap with
     the policy's tasks and its one-off cost."""
     one_off = (wm_info.get("fit_cpu_s") or 0.0) + (wm_info.get("fit_logged_cpu_s") or 0.0)
     wm_arms = [a for a in config.arms if a in WORLD_MODEL_ARMS]
