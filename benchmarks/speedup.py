@@ -812,7 +812,8 @@ def build_summary(
     """The run's summary (``summary.json``): per arm, final held-out score and cost-to-reach
     ratios vs the real arm at measured points, each a mean over seeds with a bootstrap 95% CI
     and the number of seeds that reached; the shares of its CPU (``cpu_share``) and its steps
-    per real-arm step (``steps_vs_real``); plus the world model's fit set, its overlap with
+    per real-arm step (``steps_vs_real``); for the anchored arms, what the anchors bought and
+    each seed's ``anchor_weight_trajectory``; plus the world model's fit set, its overlap with
     the policy's tasks and its one-off cost."""
     one_off = (wm_info.get("fit_cpu_s") or 0.0) + (wm_info.get("fit_logged_cpu_s") or 0.0)
     wm_arms = [a for a in config.arms if a in WORLD_MODEL_ARMS]
@@ -862,6 +863,8 @@ def build_summary(
             for key in ANCHOR_METRICS:
                 values = [r.get(key) for r in mine]
                 entry[key], entry[key + "_ci95"] = _mean(values), bootstrap_ci(values)
+            # a mean weight hides when denoising engaged: keep each seed's [step, weight, se] changes
+            entry["anchor_weight_trajectory"] = {str(r["seed"]): r.get("anchor_weight_trajectory") for r in mine}
             # against the raw world model's own curve: do the corrections buy anything? (both
             # arms use the same world model, so no one-off cost is added to either)
             raw = {r["seed"]: r for r in rows if r["arm"] == "wm"}

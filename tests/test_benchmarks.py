@@ -197,6 +197,9 @@ def test_the_informative_arm_reports_anchor_metrics_and_ratios_against_real_and_
     arm = summary["arms"]["wmrl-informative"]
     assert arm["informative_anchor_share"] == 1.0 and arm["anchor_cpu_share"] == pytest.approx(0.2)
     assert "reach_ratio_final" in arm and "reach_vs_wm_ratio_final" in arm
+    # each seed's weight trajectory, not only its mean; arms without anchors carry none
+    assert arm["anchor_weight_trajectory"] == {"0": [[1, 1.0, None]]}
+    assert "anchor_weight_trajectory" not in summary["arms"]["wm"]
     # where the budget went, and the steps a cheaper reward bought
     assert arm["cpu_share"] == pytest.approx({"gen": 0.6, "real_grading": 0.2, "wm_grading": 0.0, "update": 0.15,
                                               "other": 0.05})  # fmt: skip
