@@ -206,6 +206,11 @@ class SpeedupConfig:
         vectorization: ``sync`` or ``async`` vector env (``sync`` keeps the CPU clock exact).
         threads: torch CPU threads of the policy (1 spends the least CPU per token).
         save_policies: write each arm's final weights to ``arms/<arm>-seed<s>/policy.pt``.
+        workers: arms of a seed trained side by side, each in its own process (1 = one after
+            another in this process). An arm's budget is its own process's CPU clock, so
+            side-by-side arms are charged the same way; 2 on a 2-core machine halves the wall
+            time. Arms sharing the machine's caches and memory bandwidth take a little more CPU
+            per step than alone, so compare step counts within one setting.
     """
 
     arms: tuple[str, ...] = SPEEDUP_ARMS
@@ -251,6 +256,7 @@ class SpeedupConfig:
     vectorization: str = "sync"
     threads: int = 1
     save_policies: bool = False
+    workers: int = 2
 
     def __post_init__(self) -> None:
         known = SPEEDUP_ARMS + OPTIONAL_ARMS
@@ -269,7 +275,7 @@ class SpeedupConfig:
             or list(self.eval_fractions) != sorted(set(self.eval_fractions))
         ):
             raise ValueError(f"eval_fractions must be increasing fractions in [0, 1], got {self.eval_fractions!r}")
-        for name in ("max_steps", "groups_per_step", "group_size", "max_turns", "max_new_tokens", "eval_k"):
+        for name in ("max_steps", "groups_per_step", "group_size", "max_turns", "max_new_tokens", "eval_k", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.scaffold not in ("plan", "rich", "raw"):
@@ -605,61 +611,118 @@ def _one_arm(
     return row, history, guard.events if guard else []
 
 
+def _policy_tasks(config: SpeedupConfig) -> tuple[list[str], list[str]]:
+    """The policy's training and held-out task ids; their landmarks computed in this process.
+
+    Fair accounting: every grading context carries the tasks' landmarks (cached per process),
+    so they are computed here, before any arm's clock starts, instead of by whichever arm grades
+    first."""
+    from wmrl_envs.autoresearch.landmarks import task_landmarks
+    from wmrl_envs.autoresearch.tasks import get_task, list_catalog
+
+    train_tasks = list(config.train_tasks or list_catalog("train", tier=config.tier))
+    eval_tasks = list(config.eval_tasks or list_catalog("test", tier=config.tier))[: config.eval_max_tasks or None]
+    for task_id in dict.fromkeys(train_tasks + eval_tasks):
+        task_landmarks(get_task(task_id))
+    return train_tasks, eval_tasks
+
+
+def _seed_policy(config: SpeedupConfig, seed: int, train_tasks: list[str], scaffold: Any, saved: Path) -> Any:
+    """The seed's starting policy, the same for every arm. The warm start is untimed; on the
+    rich scaffold it takes minutes, so it is kept beside the arms (a cache, not a result) and a
+    resumed run or an arm's worker process loads it."""
+    import torch
+
+    policy = load_policy(config.policy, seed=seed)
+    warm_file = saved / f"warm-start-seed{seed}.pt"
+    if config.warm_start_steps and warm_file.is_file():
+        policy.load_trainable_state_dict(torch.load(warm_file))
+    elif config.warm_start_steps:
+        partial = saved / f"warm-start-seed{seed}.partial.pt"  # SmolLM2 on scripts takes hours
+        warm_start_plans(
+            policy, train_tasks, steps=config.warm_start_steps, learning_rate=config.warm_start_lr, seed=seed,
+            scaffold=scaffold, batch_size=config.warm_start_batch_size, checkpoint=partial,
+        )  # fmt: skip
+        torch.save(policy.trainable_state_dict(), warm_file)
+        partial.unlink()  # its optimiser state is not needed once the warm start is kept
+    return policy
+
+
+def _train_and_save(
+    arm: str, seed: int, policy: Any, scaffold: Any, world_model: Any, config: SpeedupConfig,
+    train_tasks: list[str], evaluate: Any, start_point: dict[str, Any] | None, saved: Path,
+) -> None:  # fmt: skip
+    """Train one arm from the policy's current weights and save it under ``saved``."""
+    import torch
+
+    row, history, events = _one_arm(
+        arm, seed, policy, scaffold, world_model, config, train_tasks, evaluate, start_point
+    )
+    _save_arm(saved, arm, seed, {"row": row, "history": history, "guard_events": events})
+    if config.save_policies:
+        torch.save(policy.trainable_state_dict(), saved / f"{arm}-seed{seed}.pt")
+
+
+def _arm_worker(
+    config: SpeedupConfig, run_dir: Path, arm: str, seed: int, initial: Mapping[str, Any]
+) -> tuple[int, int]:
+    """One arm x seed in a worker process (``workers`` > 1) from the seed's starting weights
+    ``initial``: rebuilds what :func:`run` set up (the landmarks, the world model saved in the
+    run directory, the start point), trains and saves the arm. Returns its held-out memo's
+    (real runs, repeats served)."""
+    import torch
+
+    from agents.llm.scaffolds import make_scaffold
+
+    torch.set_num_threads(config.threads)
+    train_tasks, eval_tasks = _policy_tasks(config)
+    world_model, _ = _world_model(config, train_tasks + eval_tasks, run_dir)
+    scaffold = make_scaffold(config.scaffold)
+    saved = run_dir / "arms"
+    policy = load_policy(config.policy, seed=seed)
+    policy.load_trainable_state_dict(initial)
+    policy.sync_backend()
+    memo = OutcomeCache()
+    start_file = saved / f"start-seed{seed}.json"
+    start_point = json.loads(start_file.read_text()) if start_file.is_file() else None
+
+    def evaluate() -> dict[str, Any]:
+        return _evaluate(policy, scaffold, eval_tasks, config, seed, memo)
+
+    _train_and_save(arm, seed, policy, scaffold, world_model, config, train_tasks, evaluate, start_point, saved)
+    return memo.runs, memo.hits
+
+
 def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[str, Any]:
     """Every arm x seed under the budget; writes ``results.json``, ``results.md``,
     ``summary.json``, ``heldout_vs_cost.png`` and ``monitor.png`` into ``run_dir``. Each
     finished arm x seed is saved under ``run_dir/arms/``; a rerun into the same directory
-    continues where it stopped."""
+    continues where it stopped. With ``workers`` > 1 a seed's arms train side by side in
+    worker processes."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
     import torch
 
     from agents.llm.scaffolds import make_scaffold
-    from wmrl_envs.autoresearch.landmarks import task_landmarks
-    from wmrl_envs.autoresearch.tasks import get_task, list_catalog
 
     torch.set_num_threads(config.threads)
     started = time.perf_counter()
     load_start = os.getloadavg()
-    train_tasks = list(config.train_tasks or list_catalog("train", tier=config.tier))
-    eval_tasks = list(config.eval_tasks or list_catalog("test", tier=config.tier))[: config.eval_max_tasks or None]
-    # Fair accounting: the tasks' landmarks (every grading context carries them) are computed
-    # once, here, before any arm's clock starts, instead of by whichever arm grades first.
-    for task_id in dict.fromkeys(train_tasks + eval_tasks):
-        task_landmarks(get_task(task_id))
+    train_tasks, eval_tasks = _policy_tasks(config)
     world_model, wm_info = _world_model(config, train_tasks + eval_tasks, run_dir)
     scaffold = make_scaffold(config.scaffold)
     memo = OutcomeCache()  # held-out evaluation's own cache (untimed; training never uses it)
+    memo_counts = [0, 0]  # real runs, repeats served: of this process's memo and the workers'
     saved = run_dir / "arms"
     saved.mkdir(parents=True, exist_ok=True)
-    rows: list[dict[str, Any]] = []
-    histories: dict[str, list[dict[str, Any]]] = {}
-    guard_events: dict[str, list[dict[str, Any]]] = {}
     bar = tqdm(total=len(config.seeds) * len(config.arms), desc="speedup", disable=not progress)
     for seed in config.seeds:
-        finished = {a: _finished_arm(saved, a, seed) for a in config.arms}  # each file read once
-        todo = [a for a in config.arms if finished[a] is None]
-        for arm in config.arms:
-            done = finished[arm]
-            if done is not None:
-                rows.append(_saved_row(arm, done))
-                histories[f"{arm}-seed{seed}"] = done["history"]
-                guard_events[f"{arm}-seed{seed}"] = done["guard_events"]
-                bar.update()
+        todo = [a for a in config.arms if not _finished_arm_exists(saved, a, seed)]
+        bar.update(len(config.arms) - len(todo))
         if not todo:
             continue
-        policy = load_policy(config.policy, seed=seed)
-        # The warm start is untimed and the same for every arm of a seed; on the rich scaffold it
-        # takes minutes, so a resumed run reuses it (a cache beside the arms, not a result).
-        warm_file = saved / f"warm-start-seed{seed}.pt"
-        if config.warm_start_steps and warm_file.is_file():
-            policy.load_trainable_state_dict(torch.load(warm_file))
-        elif config.warm_start_steps:
-            partial = saved / f"warm-start-seed{seed}.partial.pt"  # SmolLM2 on scripts takes hours
-            warm_start_plans(
-                policy, train_tasks, steps=config.warm_start_steps, learning_rate=config.warm_start_lr, seed=seed,
-                scaffold=scaffold, batch_size=config.warm_start_batch_size, checkpoint=partial,
-            )  # fmt: skip
-            torch.save(policy.trainable_state_dict(), warm_file)
-            partial.unlink()  # its optimiser state is not needed once the warm start is kept
+        policy = _seed_policy(config, seed, train_tasks, scaffold, saved)
         initial = policy.trainable_state_dict()
 
         def evaluate() -> dict[str, Any]:
@@ -673,29 +736,43 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
             else:
                 start_point = evaluate()  # same weights and seed for every arm: measured once
                 start_file.write_text(json.dumps(start_point))
+        if config.workers > 1 and len(todo) > 1:
+            # spawn, not fork: a forked torch process can deadlock on the parent's thread pools
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(min(config.workers, len(todo)), mp_context=context) as pool:
+                futures = {pool.submit(_arm_worker, config, run_dir, arm, seed, initial): arm for arm in todo}
+                for future in as_completed(futures):
+                    bar.set_postfix(seed=seed, finished=futures[future])
+                    runs, hits = future.result()  # a failed arm raises here; finished arms stay saved
+                    memo_counts[0] += runs
+                    memo_counts[1] += hits
+                    bar.update()
+            continue
         for arm in todo:
             bar.set_postfix(seed=seed, arm=arm)
             policy.load_trainable_state_dict(initial)
             policy.sync_backend()
-            row, history, events = _one_arm(
-                arm, seed, policy, scaffold, world_model, config, train_tasks, evaluate, start_point
-            )
-            rows.append(row)
-            histories[f"{arm}-seed{seed}"] = history
-            guard_events[f"{arm}-seed{seed}"] = events
-            _save_arm(saved, arm, seed, {"row": row, "history": history, "guard_events": events})
-            if config.save_policies:
-                torch.save(policy.trainable_state_dict(), saved / f"{arm}-seed{seed}.pt")
+            _train_and_save(arm, seed, policy, scaffold, world_model, config, train_tasks, evaluate, start_point, saved)
             bar.update()
     bar.close()
-    rows.sort(key=lambda r: (config.seeds.index(r["seed"]), config.arms.index(r["arm"])))
-    return _finish(config, run_dir, rows, histories, guard_events, wm_info, memo, train_tasks, eval_tasks,
+    rows: list[dict[str, Any]] = []
+    histories: dict[str, list[dict[str, Any]]] = {}
+    guard_events: dict[str, list[dict[str, Any]]] = {}
+    for seed in config.seeds:
+        for arm in config.arms:
+            done = _finished_arm(saved, arm, seed)
+            assert done is not None, f"{arm}-seed{seed} was trained but not saved"
+            rows.append(_saved_row(arm, done))
+            histories[f"{arm}-seed{seed}"] = done["history"]
+            guard_events[f"{arm}-seed{seed}"] = done["guard_events"]
+    eval_memo = {"real_runs": memo.runs + memo_counts[0], "repeats_served": memo.hits + memo_counts[1]}
+    return _finish(config, run_dir, rows, histories, guard_events, wm_info, eval_memo, train_tasks, eval_tasks,
                    started=started, load_start=load_start)  # fmt: skip
 
 
 def _finish(
     config: SpeedupConfig, run_dir: Path, rows: list[dict[str, Any]], histories: dict[str, Any],
-    guard_events: dict[str, Any], wm_info: dict[str, Any], memo: OutcomeCache, train_tasks: list[str],
+    guard_events: dict[str, Any], wm_info: dict[str, Any], eval_memo: dict[str, int], train_tasks: list[str],
     eval_tasks: list[str], *, started: float, load_start: tuple[float, float, float],
 ) -> dict[str, Any]:  # fmt: skip
     heads = []
@@ -714,7 +791,7 @@ def _finish(
         "train_tasks": train_tasks,
         "eval_tasks": eval_tasks,
         "world_model": {k: v for k, v in wm_info.items()},
-        "eval_memo": {"real_runs": memo.runs, "repeats_served": memo.hits},
+        "eval_memo": eval_memo,
         "arms": summarize_seeds(rows, "arm", ARM_METRICS),
         "summary": summary,
         "headline": heads,
@@ -750,6 +827,10 @@ def _saved_row(arm: str, done: Mapping[str, Any]) -> dict[str, Any]:
     """A saved arm's summary row; arms saved before the anchor metrics existed get them from
     their history."""
     return {**anchor_fields(arm, done["history"], done["row"]["cost_cpu_s"]), **done["row"]}
+
+
+def _finished_arm_exists(saved: Path, arm: str, seed: int) -> bool:
+    return (saved / f"{arm}-seed{seed}.json.gz").is_file() or (saved / f"{arm}-seed{seed}.json").is_file()
 
 
 def _finished_arm(saved: Path, arm: str, seed: int) -> dict[str, Any] | None:

@@ -116,6 +116,14 @@ def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
     (run_dir / "arms" / "wm-seed0.json.gz").unlink()  # a seed with an arm missing does not count
     with pytest.raises(FileNotFoundError, match="no seed"):
         summary_from_arms(run_dir)
+    # The run above trained its arms side by side (workers = 2, the default); a rerun in one
+    # process trains only the missing arm, from the same start, and keeps the others.
+    assert config["workers"] == 2
+    assert main(["speedup", *args, "--workers", "1"]) == 0
+    resumed, _, _ = _read(run_dir)
+    rows = {r["arm"]: r for r in resumed["per_seed"]}
+    assert all(rows[a] == arms[a] for a in ("real", "real1", "wmrl")) and rows["wm"] != arms["wm"]
+    assert rows["wm"]["steps"] >= 1 and resumed["curves"]["wm-seed0"][0] == result["curves"]["real-seed0"][0]
 
 
 def test_anchor_fields_read_what_the_wmrl_arms_anchors_bought():
