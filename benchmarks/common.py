@@ -34,6 +34,7 @@ __all__ = [
     "new_figure",
     "save_figure",
     "cpu_clock",
+    "cpu_probe",
 ]
 
 #: Training arms of the speedup experiment (the stacks of :func:`wrappers.build_stack`).
@@ -97,3 +98,16 @@ def cpu_clock() -> float:
     """CPU seconds of this process plus its finished children (sandbox runs are children)."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def cpu_probe() -> float:
+    """CPU seconds this process takes for one fixed piece of single-threaded work (integer
+    arithmetic, hashing and a sort in pure Python; ~0.3 s). Recorded before and after each
+    benchmark arm, it shows how the machine's speed drifted: on a shared host the CPU time of
+    the same work changes over hours, so step counts made hours apart do not compare without it."""
+    start = time.process_time()
+    total = 0
+    for i in range(1_500_000):
+        total += i * i % 7
+    sorted(hash((i, total)) for i in range(300_000))
+    return time.process_time() - start

@@ -61,7 +61,7 @@ from tqdm.auto import tqdm
 from agents.grpo.loop import GUARD_ACTIONS
 from agents.grpo.shadow import summarize_probes
 from agents.llm.loading import load_policy, load_world_model, warm_start_plans
-from benchmarks.common import cpu_clock, new_figure, save_figure, summarize_seeds
+from benchmarks.common import cpu_clock, cpu_probe, new_figure, save_figure, summarize_seeds
 from benchmarks.report import machine_summary, markdown_table, write_json, write_results
 from benchmarks.speedup_accounting import OutcomeCache, bootstrap_ci, reach_ratios
 from wmrl_envs.config_cli import build_config, config_to_dict
@@ -546,6 +546,7 @@ def _one_arm(
     from benchmarks.speedup_accounting import OutcomeCache, ScriptCounter, distinct_scripts
 
     groups = 1 if arm == "real1" else config.groups_per_step
+    probe_before = cpu_probe()  # outside the budget, like everything before the _Budget
     budget = _Budget(config, evaluate, dict(start_point) if start_point else None)
     cache = OutcomeCache() if config.outcome_cache else None
     counter = ScriptCounter(world_model)
@@ -599,6 +600,7 @@ def _one_arm(
     if budget.pending:  # stopped early (guard): the remaining points are the final state
         budget.measure(len(history))
     row = _arm_row(arm, seed, history, budget, config, groups)
+    row["cpu_probe_s"] = [probe_before, cpu_probe()]  # the machine's speed before / after the arm
     per_task = distinct_scripts(counter.scripts, cache.scripts if cache else {})
     row["distinct_scripts_per_task"] = float(np.mean(list(per_task.values()))) if per_task else 0.0
     row["distinct_scripts"] = per_task
@@ -1057,6 +1059,13 @@ def tables(result: Mapping[str, Any]) -> str:
         f"{tuple(round(x, 1) for x in load['start'])}, at end {tuple(round(x, 1) for x in load['end'])}; "
         f"{result['machine']['cpus']} CPUs; total {result['total_wall_s']:.0f} s."
     )
+    probes = [f"{r['arm']}-seed{r['seed']} {r['cpu_probe_s'][0]:.2f} / {r['cpu_probe_s'][1]:.2f}"
+              for r in result["per_seed"] if r.get("cpu_probe_s")]  # fmt: skip
+    if probes:  # arms saved before the probe existed have none
+        parts.append(
+            "CPU probe (CPU-s of one fixed piece of work before / after each arm; the same work taking "
+            f"longer means a slower machine, so fewer steps for the same budget): {'; '.join(probes)}."
+        )
     return "\n\n".join(parts)
 
 

@@ -64,6 +64,7 @@ def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
             row[k] for k in ("gen_cpu_s", "real_grading_cpu_s", "wm_grading_cpu_s", "update_cpu_s", "other_cpu_s")
         )
         assert 0 < parts <= row["cost_cpu_s"] * 1.05 + 1.0  # components are part of the measured total
+        assert len(row["cpu_probe_s"]) == 2 and min(row["cpu_probe_s"]) > 0  # the machine's speed, outside the budget
     # Shadow probes of the world-model arms: executed for real outside the budget and the arm's cache.
     for arm in ("wm", "wmrl"):
         shadow = arms[arm]["shadow"]
@@ -84,7 +85,7 @@ def test_speedup_budget_matched_run_is_internally_consistent(tmp_path, capsys):
     [head] = result["headline"]
     assert head["reach_ratio"] is not None or head["note"]
     assert head["ideal_ratio"] is None or head["ideal_ratio"] > 0
-    assert "cost-to-reach ratio" in markdown and "ideal ratio" in markdown
+    assert "cost-to-reach ratio" in markdown and "ideal ratio" in markdown and "CPU probe" in markdown
     # max_gap 0 with action "raise": a positive gap, smoothed over the guard's window (4 steps
     # with anchor groups), raises the fraction; the first such step alone decides the first window.
     events = result["guard_events"]["wmrl-seed0"]
