@@ -632,7 +632,7 @@ def _policy_tasks(config: SpeedupConfig) -> tuple[list[str], list[str]]:
 def _seed_policy(config: SpeedupConfig, seed: int, train_tasks: list[str], scaffold: Any, saved: Path) -> Any:
     """The seed's starting policy, the same for every arm. The warm start is untimed; on the
     rich scaffold it takes minutes, so it is kept beside the arms (a cache, not a result) and a
-    resumed run or an arm's worker process loads it."""
+    resumed run loads it."""
     import torch
 
     policy = load_policy(config.policy, seed=seed)
@@ -720,7 +720,7 @@ def run(config: SpeedupConfig, run_dir: Path, *, progress: bool = True) -> dict[
     saved.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(config.seeds) * len(config.arms), desc="speedup", disable=not progress)
     for seed in config.seeds:
-        todo = [a for a in config.arms if not _finished_arm_exists(saved, a, seed)]
+        todo = [a for a in config.arms if _arm_file(saved, a, seed) is None]
         bar.update(len(config.arms) - len(todo))
         if not todo:
             continue
@@ -831,17 +831,23 @@ def _saved_row(arm: str, done: Mapping[str, Any]) -> dict[str, Any]:
     return {**anchor_fields(arm, done["history"], done["row"]["cost_cpu_s"]), **done["row"]}
 
 
-def _finished_arm_exists(saved: Path, arm: str, seed: int) -> bool:
-    return (saved / f"{arm}-seed{seed}.json.gz").is_file() or (saved / f"{arm}-seed{seed}.json").is_file()
+def _arm_file(saved: Path, arm: str, seed: int) -> Path | None:
+    """The saved arm x seed's file (``.json.gz``, or the plain ``.json`` of runs before), if finished."""
+    for path in (saved / f"{arm}-seed{seed}.json.gz", saved / f"{arm}-seed{seed}.json"):
+        if path.is_file():
+            return path
+    return None
 
 
 def _finished_arm(saved: Path, arm: str, seed: int) -> dict[str, Any] | None:
-    """The saved arm x seed (``.json.gz``, or the plain ``.json`` of runs before), if finished."""
-    packed, plain = saved / f"{arm}-seed{seed}.json.gz", saved / f"{arm}-seed{seed}.json"
-    if packed.is_file():
-        with gzip.open(packed, "rt") as f:
+    """The saved arm x seed, if finished."""
+    path = _arm_file(saved, arm, seed)
+    if path is None:
+        return None
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt") as f:
             return json.load(f)
-    return json.loads(plain.read_text()) if plain.is_file() else None
+    return json.loads(path.read_text())
 
 
 def summary_from_arms(run_dir: Path) -> dict[str, Any]:
