@@ -103,6 +103,10 @@ SHADOW_METRICS = (
 #: The WMRL arm's anchor metrics (see :func:`anchor_fields`), with CIs in ``summary.json``.
 ANCHOR_METRICS = ("anchor_cpu_share", "informative_anchor_share", "anchor_weight_mean")
 
+#: Why an anchor group taught nothing (the monitor's ``flat_true_groups``, ...): its real scores
+#: were all equal, its calibrated scores were, or it had one known (calibrated, real) pair only.
+UNINFORMATIVE_REASONS = ("flat_true", "flat_calibrated", "single_pair")
+
 #: The default arms: the three stacks, plus ``real1`` -- real execution with one group per
 #: step, so it takes as many optimizer steps per CPU-second as its execution cost allows
 #: (separates "cheaper reward" from "more steps").
@@ -437,11 +441,14 @@ def anchor_fields(arm: str, history: Sequence[Mapping[str, Any]], cost_cpu_s: fl
     """What the WMRL arm's anchors bought (``None`` for the other arms): ``anchor_cpu_share``
     (real grading CPU -- all of it anchors -- over the arm's CPU), ``informative_anchor_share``
     (anchor groups with a spread in both calibrated and real scores, over the anchor groups
-    with any known pair), ``anchor_weight_mean`` over steps and ``anchor_weight_trajectory``
+    with any known pair), ``anchor_weight_mean`` over steps, ``anchor_weight_trajectory``
     (``[step, weight, its standard error or None]`` at the first step and wherever the weight
-    changed)."""
+    changed) and ``uninformative_anchor_reasons``: the shares of those anchor groups whose real
+    scores were all equal (``flat_true``), whose calibrated scores were (``flat_calibrated``; a
+    group can be both) or that had one known pair only (``single_pair``) -- ``None`` for runs
+    recorded before the monitor counted them."""
     if arm not in ANCHORED_ARMS:
-        return dict.fromkeys(ANCHOR_METRICS + ("anchor_weight_trajectory",))
+        return dict.fromkeys(ANCHOR_METRICS + ("anchor_weight_trajectory", "uninformative_anchor_reasons"))
     monitored = _sum(history, "monitor/anchor_groups")
     weights = [
         (int(h["step"]), float(h["anchor/weight"]), h.get("anchor/weight_se"))
@@ -455,6 +462,11 @@ def anchor_fields(arm: str, history: Sequence[Mapping[str, Any]], cost_cpu_s: fl
         "anchor_weight_trajectory": [
             [s, w, se] for k, (s, w, se) in enumerate(weights) if k == 0 or w != weights[k - 1][1]
         ],
+        "uninformative_anchor_reasons": {
+            reason: _sum(history, f"monitor/{reason}_groups") / monitored for reason in UNINFORMATIVE_REASONS
+        }
+        if monitored and any(f"monitor/{UNINFORMATIVE_REASONS[0]}_groups" in h for h in history)
+        else None,
     }
 
 
@@ -952,6 +964,13 @@ def build_summary(
             for key in ANCHOR_METRICS:
                 values = [r.get(key) for r in mine]
                 entry[key], entry[key + "_ci95"] = _mean(values), bootstrap_ci(values)
+            reasons = [r["uninformative_anchor_reasons"] for r in mine if r.get("uninformative_anchor_reasons")]
+            if reasons:  # runs recorded before the monitor counted them have none
+                entry["uninformative_anchor_reasons"] = {
+                    reason: {"mean": _mean([x[reason] for x in reasons]), "ci95": bootstrap_ci([x[reason] for x in reasons]),
+                             "seeds": len(reasons)}
+                    for reason in UNINFORMATIVE_REASONS
+                }  # fmt: skip
             # a mean weight hides when denoising engaged: keep each seed's [step, weight, se] changes
             entry["anchor_weight_trajectory"] = {str(r["seed"]): r.get("anchor_weight_trajectory") for r in mine}
             # against the raw world model's own curve: do the corrections buy anything? (both

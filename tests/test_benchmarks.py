@@ -142,6 +142,12 @@ def test_anchor_fields_read_what_the_wmrl_arms_anchors_bought():
     assert got["anchor_weight_mean"] == pytest.approx(5.5 / 4)
     assert got["anchor_weight_trajectory"] == [[1, 1.0, None], [3, 2.0, 0.3], [4, 1.5, None]]
     assert set(anchor_fields("wm", history, 20.0).values()) == {None}
+    assert got["uninformative_anchor_reasons"] is None  # a history from before the monitor counted why
+    history[0].update(
+        {"monitor/flat_true_groups": 1, "monitor/flat_calibrated_groups": 0, "monitor/single_pair_groups": 0}
+    )
+    why = anchor_fields("wmrl", history, cost_cpu_s=20.0)["uninformative_anchor_reasons"]
+    assert why == {"flat_true": pytest.approx(1 / 4), "flat_calibrated": 0.0, "single_pair": 0.0}
 
 
 def test_wm_update_plot_draws_both_models_per_refit(tmp_path):
@@ -184,7 +190,8 @@ def test_the_informative_arm_reports_anchor_metrics_and_ratios_against_real_and_
     from benchmarks.speedup import SpeedupConfig, anchor_fields, build_summary
 
     history = [{"step": 1, "anchor/weight": 1.0, "time/real_grading_cpu": 2.0, "monitor/anchor_groups": 2,
-                "monitor/informative_groups": 2}]  # fmt: skip
+                "monitor/informative_groups": 2, "monitor/flat_true_groups": 0, "monitor/flat_calibrated_groups": 0,
+                "monitor/single_pair_groups": 0}]  # fmt: skip
     curve = [
         {"fraction": 0.0, "cost_cpu_s": 0.0, "heldout": 0.2},
         {"fraction": 1.0, "cost_cpu_s": 10.0, "heldout": 0.6},
@@ -209,6 +216,8 @@ def test_the_informative_arm_reports_anchor_metrics_and_ratios_against_real_and_
     # each seed's weight trajectory, not only its mean; arms without anchors carry none
     assert arm["anchor_weight_trajectory"] == {"0": [[1, 1.0, None]]}
     assert "anchor_weight_trajectory" not in summary["arms"]["wm"]
+    # why anchor groups taught nothing, per reason over seeds (none here: both were informative)
+    assert arm["uninformative_anchor_reasons"]["flat_true"] == {"mean": 0.0, "ci95": None, "seeds": 1}
     # where the budget went, and the steps a cheaper reward bought
     assert arm["cpu_share"] == pytest.approx({"gen": 0.6, "real_grading": 0.2, "wm_grading": 0.0, "update": 0.15,
                                               "other": 0.05})  # fmt: skip

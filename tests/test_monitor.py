@@ -22,6 +22,16 @@ def test_anchor_group_stats_reads_only_anchor_groups_and_known_scores():
     stats = anchor_group_stats(results)
     assert stats["anchor_groups"] == 3
     assert stats["informative_groups"] == 2  # spread on both sides: the first two
+    assert (stats["flat_calibrated_groups"], stats["flat_true_groups"], stats["single_pair_groups"]) == (1, 0, 0)
+    why = anchor_group_stats(
+        [
+            {"anchor": True, "calibrated": [0.56, 0.58], "true": [0.1, 0.1]},  # two scripts, both timed out
+            {"anchor": True, "calibrated": [0.9, 0.9], "true": [0.9, 0.9]},  # flat on both sides
+            {"anchor": True, "calibrated": [0.7, None], "true": [0.6, 0.2]},  # one known pair
+        ]
+    )
+    assert (why["anchor_groups"], why["informative_groups"]) == (3, 0)
+    assert (why["flat_true_groups"], why["flat_calibrated_groups"], why["single_pair_groups"]) == (2, 1, 1)
     assert stats["gap"] == pytest.approx((0.4 + 0.2 + -0.4 + 0.4 + 0.4 - 0.4) / 6)
     assert stats["rank_agreement"] == pytest.approx((1.0 + -1.0) / 2)
     assert anchor_group_stats([]) == {
@@ -29,6 +39,9 @@ def test_anchor_group_stats_reads_only_anchor_groups_and_known_scores():
         "rank_agreement": None,
         "anchor_groups": 0,
         "informative_groups": 0,
+        "flat_true_groups": 0,
+        "flat_calibrated_groups": 0,
+        "single_pair_groups": 0,
         "unknown_true": 0,
         "grader_failure_rate": None,
     }
