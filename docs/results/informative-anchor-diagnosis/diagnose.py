@@ -1,0 +1,122 @@
+"""Why do informative anchor groups still teach nothing? A diagnostic run, not a benchmark.
+
+Runs the full-tier protocol's ``wmrl-informative`` arm (benchmarks/configs/speedup-full-tier.toml)
+for one seed and budget, with two hooks that change nothing it does: every group decision logs the
+world model's preview of the members (script hash, predicted status, score, status
+probabilities), and every anchor group logs its (calibrated, real) scores. Then summarises the log.
+
+    python docs/results/informative-anchor-diagnosis/diagnose.py run RUN_DIR BUDGET_CPU_S SEED
+    python docs/results/informative-anchor-diagnosis/diagnose.py summary RUN_DIR/diag.jsonl
+
+RUN_DIR must hold ``world_model/`` and ``arms/start-seed{SEED}.json`` copied from
+docs/results/speedup-full-tier/ (the warm start is recomputed: ~35 min on one core).
+"""
+
+import gzip
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import tomllib
+
+from wmrl_envs.autoresearch.grading import LADDER
+
+
+def run(run_dir: Path, budget: float, seed: int) -> None:
+    import wrappers.anchor as anchor
+    import wrappers.handle as handle
+    from benchmarks.speedup import SpeedupConfig
+    from benchmarks.speedup import run as run_speedup
+
+    log = run_dir / "diag.jsonl"
+    priority, stats = anchor.informative_priority, handle.anchor_group_stats
+
+    def logged_priority(members, **kwargs):
+        p = priority(members, **kwargs)
+        rows = [
+            {
+                "h": None if action is None else hashlib.md5(str(action).encode()).hexdigest()[:8],
+                "status": getattr(o, "status", None),
+                "score": getattr(o, "score", None),
+                "p_status": (getattr(o, "metrics", None) or {}).get("p_status"),
+            }
+            for action, o in members
+        ]
+        with log.open("a") as f:
+            f.write(json.dumps({"kind": "preview", "priority": p, "members": rows}) + "\n")
+        return p
+
+    def logged_stats(results):
+        results = list(results)
+        with log.open("a") as f:
+            for r in results:
+                if r.get("anchor"):
+                    f.write(
+                        json.dumps({"kind": "anchor", "calibrated": r.get("calibrated"), "true": r.get("true")}) + "\n"
+                    )
+        return stats(results)
+
+    anchor.informative_priority, handle.anchor_group_stats = logged_priority, logged_stats
+    cfg = tomllib.loads(Path("benchmarks/configs/speedup-full-tier.toml").read_text())
+    cfg.update(arms=["wmrl-informative"], seeds=[seed], budget_cpu_s=budget, eval_fractions=[0.0, 1.0], workers=1)
+    run_speedup(SpeedupConfig(**cfg), run_dir)
+
+
+def p_real_spread(members: list[dict]) -> float:
+    """P(the group's real scores differ) if members fail independently with the world model's
+    status probabilities and distinct valid scripts never score alike: 1 - P(every distinct
+    script lands on the same fixed failure score)."""
+    distinct = {m["h"]: m for m in members if m["h"] is not None and m["p_status"]}.values()
+    same = sum(
+        np.prod([sum(q for s, q in m["p_status"].items() if LADDER.get(s) == value) for m in distinct])
+        for value in set(LADDER.values())
+    )
+    return float(1.0 - same)
+
+
+def summary(path: Path) -> dict:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        records = [json.loads(line) for line in f]
+    previews = [r for r in records if r["kind"] == "preview"]
+    eligible = [r for r in previews if r["priority"] is not None]
+    anchors = []
+    for r in (r for r in records if r["kind"] == "anchor"):
+        pairs = [(c, t) for c, t in zip(r["calibrated"], r["true"]) if c is not None and t is not None]
+        cal, true = (np.array(x, dtype=float) for x in zip(*pairs)) if pairs else (np.array([]), np.array([]))
+        anchors.append(
+            {
+                "pairs": [[round(c, 3), round(t, 3)] for c, t in pairs],
+                "flat_calibrated": len(pairs) >= 2 and bool(np.ptp(cal) <= 1e-9),
+                "flat_true": len(pairs) >= 2 and bool(np.ptp(true) <= 1e-9),
+                "single_pair": len(pairs) == 1,
+            }
+        )
+    spreads = [p_real_spread(r["members"]) for r in eligible]
+    informative = [
+        a for a in anchors if a["pairs"] and not (a["flat_calibrated"] or a["flat_true"] or a["single_pair"])
+    ]
+    return {
+        "groups_decided": len(previews),
+        "groups_with_two_distinct_scripts": len(eligible),
+        "anchor_groups": len(anchors),
+        "informative_anchor_groups": len(informative),
+        "flat_true": sum(a["flat_true"] for a in anchors),
+        "flat_calibrated": sum(a["flat_calibrated"] for a in anchors),
+        "single_pair": sum(a["single_pair"] for a in anchors),
+        "p_real_spread_quantiles_0_10_25_50_75_100": np.quantile(spreads, [0, 0.1, 0.25, 0.5, 0.75, 1])
+        .round(3)
+        .tolist()
+        if spreads
+        else None,
+        "uninformative_anchor_groups": [a for a in anchors if a not in informative],
+    }
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "run":
+        run(Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
+    else:
+        print(json.dumps(summary(Path(sys.argv[2])), indent=1))
