@@ -102,7 +102,7 @@ def cpu_clock() -> float:
 
 def cpu_probe() -> float:
     """CPU seconds this process takes for one fixed piece of single-threaded work (integer
-    arithmetic, hashing and a sort in pure Python; ~0.2 s on this project's machine). Recorded before and after each
+    arithmetic, hashing and a sort in pure Python; 0.2-0.4 s on the machines seen). Recorded before and after each
     benchmark arm, it shows how the machine's speed drifted: on a shared host the CPU time of
     the same work changes over hours, so step counts made hours apart do not compare without it."""
     start = time.process_time()

@@ -22,6 +22,7 @@ import numpy as np
 import tomllib
 
 from wmrl_envs.autoresearch.grading import LADDER
+from wrappers.parts.monitor import anchor_group_stats
 
 
 def run(run_dir: Path, budget: float, seed: int) -> None:
@@ -84,25 +85,24 @@ def summary(path: Path) -> dict:
     eligible = [r for r in previews if r["priority"] is not None]
     anchors = []
     for r in (r for r in records if r["kind"] == "anchor"):
+        stats = anchor_group_stats([{"anchor": True, "calibrated": r["calibrated"], "true": r["true"]}])
         pairs = [(c, t) for c, t in zip(r["calibrated"], r["true"]) if c is not None and t is not None]
-        cal, true = (np.array(x, dtype=float) for x in zip(*pairs)) if pairs else (np.array([]), np.array([]))
         anchors.append(
             {
                 "pairs": [[round(c, 3), round(t, 3)] for c, t in pairs],
-                "flat_calibrated": len(pairs) >= 2 and bool(np.ptp(cal) <= 1e-9),
-                "flat_true": len(pairs) >= 2 and bool(np.ptp(true) <= 1e-9),
-                "single_pair": len(pairs) == 1,
+                "informative": bool(stats["informative_groups"]),
+                **{
+                    reason: bool(stats[f"{reason}_groups"])
+                    for reason in ("flat_calibrated", "flat_true", "single_pair")
+                },
             }
         )
     spreads = [p_real_spread(r["members"]) for r in eligible]
-    informative = [
-        a for a in anchors if a["pairs"] and not (a["flat_calibrated"] or a["flat_true"] or a["single_pair"])
-    ]
     return {
         "groups_decided": len(previews),
         "groups_with_two_distinct_scripts": len(eligible),
         "anchor_groups": len(anchors),
-        "informative_anchor_groups": len(informative),
+        "informative_anchor_groups": sum(a["informative"] for a in anchors),
         "flat_true": sum(a["flat_true"] for a in anchors),
         "flat_calibrated": sum(a["flat_calibrated"] for a in anchors),
         "single_pair": sum(a["single_pair"] for a in anchors),
@@ -111,7 +111,7 @@ def summary(path: Path) -> dict:
         .tolist()
         if spreads
         else None,
-        "uninformative_anchor_groups": [a for a in anchors if a not in informative],
+        "uninformative_anchor_groups": [a for a in anchors if not a["informative"]],
     }
 
 
