@@ -119,6 +119,21 @@ def test_informative_priority_reads_distinct_actions_and_confidence():
     assert informative_priority([(1, None), (2, Outcome("valid", 0.5))], least_confident=True) == 0.0  # neutral
 
 
+def test_informative_priority_puts_groups_with_a_calibrated_spread_first():
+    low, high = Outcome("valid", 0.6, metrics={"confidence": 0.9}), Outcome("valid", 0.7, metrics={"confidence": 0.9})
+    flat_step = lambda scores: [None if s is None else 0.65 for s in scores]  # noqa: E731  # an isotonic flat step
+    assert informative_priority([(1, low), (2, high)]) == 1.0  # raw scores differ, no map: a spread
+    assert informative_priority([(1, low), (2, high)], calibrate=flat_step) == 0.0  # one calibrated score
+    assert informative_priority([(1, low), (2, low)]) == 0.0  # distinct scripts, one score: still eligible
+    assert informative_priority([(1, low), (2, None)]) == 0.0  # an unknown score is no spread
+    assert informative_priority([(1, low), (1, high)], calibrate=flat_step) is None  # copies: never
+    # least-confident ranks within each tier: a sure group with a spread beats an unsure flat one
+    unsure = Outcome("valid", 0.6, metrics={"confidence": 0.1})
+    spread_sure = informative_priority([(1, low), (2, high)], least_confident=True)
+    flat_unsure = informative_priority([(1, unsure), (2, unsure)], least_confident=True)
+    assert spread_sure == pytest.approx(1.1) and flat_unsure == pytest.approx(0.9)
+
+
 # -- the wrapper -------------------------------------------------------------------------
 
 
@@ -168,6 +183,38 @@ def test_keep_share_grades_a_collapsed_policy_for_real_and_stays_on_target():
     # a step with one group of distinct scripts: that group is the anchor
     _, (_, _, _, _, infos) = _step(env, env, 8, [90, 91, 92, 93], [7, 7, 9, 9, 3, 4, 5, 5], size)
     assert list(infos["anchor"]) == [False, False, False, False, True, True, False, False]
+    env.close()
+
+
+class ActionScoreWorldModel:
+    """Predicts ``action / 10`` for every action: scores the test chooses exactly."""
+
+    def predict(self, contexts, actions):
+        return [Outcome("valid", int(a) / 10, source="wm") for a in actions]
+
+
+@pytest.mark.parametrize("selection", ["informative", "least-confident"])
+def test_the_anchor_is_a_group_whose_calibrated_scores_differ(selection):
+    """Distinct scripts the calibration map merges into one score (an isotonic flat step)
+    come after a group whose calibrated scores differ; with no other group they still count."""
+    size = 4
+    env = _stack(n_groups=2, size=size, fraction=0.5, wm=ActionScoreWorldModel(), selection=selection,
+                 keep_share=False, start_pairs=8, refit_every=1000)  # fmt: skip
+    anchor = env.env
+    # the map: one flat step at 0.2 for raw scores up to 0.3, then rising
+    env.calibrator.add_pairs([(r / 10, 0.2) for r in range(4)] + [(r / 10, r / 10) for r in range(6, 10)])
+    for step in range(6):
+        flat, spread = [0, 1, 2, 3], [6, 7, 8, 9]  # raw 0.0-0.3 (calibrated 0.2 each) and 0.6-0.9
+        groups = [flat, spread] if step % 2 else [spread, flat]  # either place in the step
+        _, (_, _, _, _, infos) = _step(env, anchor, step, [2 * step, 2 * step + 1], np.concatenate(groups), size)
+        assert env.debiaser.fitted  # refitted at the first step's boundary
+        picked = [groups[j] for j in range(2) if infos["anchor"][j * size]]
+        assert picked == [spread], f"step {step}: anchors {picked}"
+        calibrated = [sub_info(infos, i)["calibrated_score"] for i in range(2 * size)]
+        assert len({calibrated[i] for i in range(2 * size) if infos["anchor"][i]}) == size
+    # both groups flat on the calibrated side: distinct scripts remain eligible (keep_share is off)
+    _, (_, _, _, _, infos) = _step(env, anchor, 6, [50, 51], [0, 1, 2, 3, 3, 2, 1, 0], size)
+    assert infos["anchor"].sum() == size
     env.close()
 
 

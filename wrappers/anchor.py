@@ -29,8 +29,10 @@ each new group's first reset.
 With ``selection="informative"`` (vector form) a step's groups are decided at their first
 *step* instead, once every member's action is known: the world model previews the actions
 (its predictions are reused by the step, not made twice), and the anchors are drawn first
-from the groups with two or more distinct scripts; a group whose members all wrote the same
-script (real scores equal: nothing for the within-group ranking or the denoising weight to
+from the groups with two or more distinct scripts whose scores, calibrated by the map in
+force, differ, then from the other groups with two or more distinct scripts (the isotonic
+map's flat steps can give distinct scripts one calibrated score); a group whose members all
+wrote the same script (real scores equal: nothing for the within-group ranking or the denoising weight to
 learn) is graded for real only to make up a step's share when too few others exist
 (``keep_share``, the default), so a policy collapsed onto one script stays watched.
 ``selection="least-confident"`` prefers the world model's least confident of those
@@ -48,7 +50,7 @@ Classes: :class:`AnchorWrapper`, :class:`VectorAnchorWrapper`, :class:`GroupBook
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -239,10 +241,16 @@ class _AnchorCore:
             self._tickets += 1
             self._by_ticket[member.ticket] = member
 
-    def decide(self, slots: Iterable[int], preview: Callable[[list[int]], Mapping[int, tuple[Any, Any]]]) -> None:
+    def decide(
+        self,
+        slots: Iterable[int],
+        preview: Callable[[list[int]], Mapping[int, tuple[Any, Any]]],
+        calibrate: Callable[[Sequence[float | None]], Sequence[float | None]] | None = None,
+    ) -> None:
         """Informative selection, before a step of ``slots``: decide the groups of their
         undecided members from ``preview(slots) -> {slot: (graded action, raw outcome)}``
-        (the world model's predictions of the actions about to be graded). A member whose
+        (the world model's predictions of the actions about to be graded) and ``calibrate``,
+        the map their raw scores will be calibrated by (``None``: none). A member whose
         group was decided meanwhile (at a sibling's step) just takes the decision."""
         undecided = [i for i in slots if (m := self.members[i]) is not None and m.anchor is None]
         if not undecided:
@@ -261,7 +269,9 @@ class _AnchorCore:
         previewed = preview([i for group in groups.values() for i in group])
         least_confident = self.selection == "least-confident"
         priority = {
-            g: informative_priority([previewed.get(i, (None, None)) for i in group], least_confident=least_confident)
+            g: informative_priority(
+                [previewed.get(i, (None, None)) for i in group], least_confident=least_confident, calibrate=calibrate
+            )
             for g, group in groups.items()
         }
         anchors = self.scheduler.decide(priority, fill=self.keep_share)
@@ -675,7 +685,10 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper, RecordConstructorArgs):
         stepped = self._steps.stepped()
         if self._core.selection != "random":
             wm = self._wm_layer
-            self._core.decide(np.flatnonzero(stepped).tolist(), lambda slots: wm.preview(actions, slots))
+            # the map in force now calibrates this step: the calibration layer refits only at step boundaries
+            self._core.decide(
+                np.flatnonzero(stepped).tolist(), lambda slots: wm.preview(actions, slots), wm.score_transform
+            )
         deferred = self._overlap_requests(stepped, actions)
         obs, rewards, terminated, truncated, infos = self.env.step(actions)
         ended, restarted = self._steps.on_step(stepped, terminated, truncated)

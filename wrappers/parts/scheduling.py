@@ -31,7 +31,7 @@ Classes: :class:`AnchorScheduler`. Functions: :func:`informative_priority`.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,9 +41,10 @@ from wrappers._common import json_key
 __all__ = ["AnchorScheduler", "informative_priority", "SELECTIONS"]
 
 #: How anchor groups are chosen: ``random`` (the paper's: decided before any member is
-#: sampled), ``informative`` (after the members' first actions, at random among the groups
-#: with >= 2 distinct scripts) or ``least-confident`` (the same, the world model's least
-#: confident groups first).
+#: sampled), ``informative`` (after the members' first actions, among the groups with >= 2
+#: distinct scripts: first those whose calibrated preview scores differ, at random within
+#: each tier) or ``least-confident`` (the same tiers, the world model's least confident
+#: groups first within each).
 SELECTIONS = ("random", "informative", "least-confident")
 
 _STATE_VERSION = 1
@@ -289,14 +290,28 @@ class AnchorScheduler:
         self._plan = [bool(x) for x in state["plan"]]
 
 
-def informative_priority(members: Sequence[tuple[Any, Any]], *, least_confident: bool = False) -> float | None:
+def informative_priority(
+    members: Sequence[tuple[Any, Any]],
+    *,
+    least_confident: bool = False,
+    calibrate: Callable[[Sequence[float | None]], Sequence[float | None]] | None = None,
+) -> float | None:
     """A group's priority for informative selection, from its members' ``(graded action,
     raw world-model outcome)``: ``None`` when fewer than two distinct actions are graded
     (every member wrote the same script, so their real scores are equal and the group can
-    neither move the calibration's within-group ranking nor the denoising weight), else 0
-    (every such group alike: the seeded order decides) or, with ``least_confident``, the
-    world model's mean uncertainty ``1 - metrics["confidence"]`` over the members that report
-    a confidence (0 when none does).
+    neither move the calibration's within-group ranking nor the denoising weight), else a
+    base of 0 (every such group alike: the seeded order decides) or, with ``least_confident``,
+    the world model's mean uncertainty ``1 - metrics["confidence"]`` over the members that
+    report a confidence (0 when none does); plus 1 when the members' scores *as they will be
+    calibrated* (``calibrate``: the map in force, e.g. the world-model layer's
+    ``score_transform``; ``None``: the raw scores) take two or more values.
+
+    Why the calibrated spread comes first: a group is informative only with a spread in both
+    its calibrated and its real scores, and the calibrated side is known at the decision.
+    Distinct scripts can still share one calibrated score -- the isotonic map's flat steps
+    merge distinct raw scores -- and 4 of the 5 uninformative anchor groups of a full-budget
+    run were such groups (docs/results/informative-anchor-diagnosis/). They stay eligible,
+    after every group with a calibrated spread.
 
     Why not least-confident by default: anchor pairs from where the model is unsure are a
     biased sample of its score range, and an isotonic map fitted on them extrapolates badly
@@ -309,15 +324,23 @@ def informative_priority(members: Sequence[tuple[Any, Any]], *, least_confident:
     >>> sure, unsure = (Outcome("valid", 0.8, metrics={"confidence": c}) for c in (0.9, 0.5))
     >>> informative_priority([("a", sure), ("b", unsure)]), round(informative_priority([("a", sure), ("b", unsure)], least_confident=True), 3)
     (0.0, 0.3)
+    >>> low, high = Outcome("valid", 0.6), Outcome("valid", 0.7)
+    >>> informative_priority([("a", low), ("b", high)])  # a calibrated spread
+    1.0
+    >>> informative_priority([("a", low), ("b", high)], calibrate=lambda s: [0.65 for _ in s])  # a flat step
+    0.0
     """
     graded = [(action, outcome) for action, outcome in members if action is not None]
     if len({str(action) for action, _ in graded}) < 2:
         return None
+    raw = [getattr(outcome, "score", None) for _, outcome in graded]
+    known = [s for s in (calibrate(raw) if calibrate is not None else raw) if s is not None]
+    spread = 1.0 if len(set(known)) >= 2 else 0.0
     if not least_confident:
-        return 0.0
+        return spread
     confidences = [
         float(c)
         for _, o in graded
         if o is not None and isinstance(c := getattr(o, "metrics", {}).get("confidence"), (int, float))
     ]
-    return 1.0 - float(np.mean(confidences)) if confidences else 0.0
+    return spread + (1.0 - float(np.mean(confidences)) if confidences else 0.0)
