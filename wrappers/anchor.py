@@ -34,9 +34,7 @@ force, differ, then from the other groups with two or more distinct scripts (the
 map's flat steps can give distinct scripts one calibrated score); a group whose members all
 wrote the same script (real scores equal: nothing for the within-group ranking or the denoising weight to
 learn) is graded for real only to make up a step's share when too few others exist
-(``keep_share``, the default), so a policy collapsed onto one script stays watched; with
-``keep_share=False`` neither it nor a group of distinct scripts with one calibrated score is
-ever an anchor.
+(``keep_share``, the default), so a policy collapsed onto one script stays watched.
 ``selection="least-confident"`` prefers the world model's least confident of those
 (:func:`~wrappers.parts.scheduling.informative_priority`). Resets of such a group leave
 ``anchor`` out (undecided); its steps report the decision.
@@ -272,11 +270,7 @@ class _AnchorCore:
         least_confident = self.selection == "least-confident"
         priority = {
             g: informative_priority(
-                [previewed.get(i, (None, None)) for i in group],
-                least_confident=least_confident,
-                calibrate=calibrate,
-                # keeping the share, flat groups of distinct scripts still come before copies
-                require_spread=not self.keep_share,
+                [previewed.get(i, (None, None)) for i in group], least_confident=least_confident, calibrate=calibrate
             )
             for g, group in groups.items()
         }
@@ -615,8 +609,7 @@ class VectorAnchorWrapper(_AnchorBase, VectorWrapper, RecordConstructorArgs):
             more distinct scripts than its share of anchors, grade groups of one script for
             real to make up the rest (default), so the realised share stays on target and a
             policy collapsed onto one script is still checked against real execution.
-            ``False``: pass such groups over, and groups of distinct scripts whose
-            calibrated scores are all equal too, and carry the deficit to later steps (the
+            ``False``: pass such groups over and carry the deficit to later steps (the
             share falls below target for as long as the policy stays collapsed).
 """
         + _INFO_DOC

@@ -295,7 +295,6 @@ def informative_priority(
     *,
     least_confident: bool = False,
     calibrate: Callable[[Sequence[float | None]], Sequence[float | None]] | None = None,
-    require_spread: bool = False,
 ) -> float | None:
     """A group's priority for informative selection, from its members' ``(graded action,
     raw world-model outcome)``: ``None`` when fewer than two distinct actions are graded
@@ -305,17 +304,14 @@ def informative_priority(
     the world model's mean uncertainty ``1 - metrics["confidence"]`` over the members that
     report a confidence (0 when none does); plus 1 when the members' scores *as they will be
     calibrated* (``calibrate``: the map in force, e.g. the world-model layer's
-    ``score_transform``; ``None``: the raw scores) take two or more values. With
-    ``require_spread`` a group without that spread gets ``None`` too (not worth grading).
+    ``score_transform``; ``None``: the raw scores) take two or more values.
 
     Why the calibrated spread comes first: a group is informative only with a spread in both
     its calibrated and its real scores, and the calibrated side is known at the decision.
     Distinct scripts can still share one calibrated score -- the isotonic map's flat steps
     merge distinct raw scores -- and 4 of the 5 uninformative anchor groups of a full-budget
-    run were such groups (docs/results/informative-anchor-diagnosis/). By default they stay
-    eligible after every group with a calibrated spread: their real scores still feed the map
-    and the denoising weight (which needs only a real spread), though no within-group
-    ranking can be compared on them.
+    run were such groups (docs/results/informative-anchor-diagnosis/). They stay eligible,
+    after every group with a calibrated spread.
 
     Why not least-confident by default: anchor pairs from where the model is unsure are a
     biased sample of its score range, and an isotonic map fitted on them extrapolates badly
@@ -331,11 +327,8 @@ def informative_priority(
     >>> low, high = Outcome("valid", 0.6), Outcome("valid", 0.7)
     >>> informative_priority([("a", low), ("b", high)])  # a calibrated spread
     1.0
-    >>> flat_step = lambda scores: [0.65 for _ in scores]
-    >>> informative_priority([("a", low), ("b", high)], calibrate=flat_step)
+    >>> informative_priority([("a", low), ("b", high)], calibrate=lambda s: [0.65 for _ in s])  # a flat step
     0.0
-    >>> informative_priority([("a", low), ("b", high)], calibrate=flat_step, require_spread=True) is None
-    True
     """
     graded = [(action, outcome) for action, outcome in members if action is not None]
     if len({str(action) for action, _ in graded}) < 2:
@@ -343,8 +336,6 @@ def informative_priority(
     raw = [getattr(outcome, "score", None) for _, outcome in graded]
     known = [s for s in (calibrate(raw) if calibrate is not None else raw) if s is not None]
     spread = 1.0 if len(set(known)) >= 2 else 0.0
-    if require_spread and not spread:
-        return None
     if not least_confident:
         return spread
     confidences = [
