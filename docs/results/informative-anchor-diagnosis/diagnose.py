@@ -101,6 +101,8 @@ def summary(path: Path) -> dict:
     return {
         "groups_decided": len(previews),
         "groups_with_two_distinct_scripts": len(eligible),
+        # priority 1 since 4bc566c: the calibrated preview scores differ (logs before it hold 0 for all)
+        "groups_with_a_calibrated_spread": sum(r["priority"] >= 1 for r in eligible),
         "anchor_groups": len(anchors),
         "informative_anchor_groups": sum(a["informative"] for a in anchors),
         "flat_true": sum(a["flat_true"] for a in anchors),
