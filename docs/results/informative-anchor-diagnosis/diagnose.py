@@ -7,6 +7,7 @@ probabilities), and every anchor group logs its (calibrated, real) scores. Then 
 
     python docs/results/informative-anchor-diagnosis/diagnose.py run RUN_DIR BUDGET_CPU_S SEED
     python docs/results/informative-anchor-diagnosis/diagnose.py summary RUN_DIR/diag.jsonl
+    python docs/results/informative-anchor-diagnosis/diagnose.py table docs/results/informative-anchor-diagnosis
 
 RUN_DIR must hold ``world_model/`` and ``arms/start-seed{SEED}.json`` copied from
 docs/results/speedup-full-tier/ (the warm start is recomputed: ~35 min on one core).
@@ -84,7 +85,12 @@ def summary(path: Path) -> dict:
     previews = [r for r in records if r["kind"] == "preview"]
     eligible = [r for r in previews if r["priority"] is not None]
     anchors = []
-    for r in (r for r in records if r["kind"] == "anchor"):
+    for i, r in enumerate(records):
+        if r["kind"] != "anchor":
+            continue
+        # an anchor group is logged as it completes, just after its step's previews (one-turn
+        # episodes): the two records before it are that step's groups (the protocol's 2 per step)
+        step = [p["priority"] for p in records[max(0, i - 2) : i] if p["kind"] == "preview"]
         stats = anchor_group_stats([{"anchor": True, "calibrated": r["calibrated"], "true": r["true"]}])
         pairs = [(c, t) for c, t in zip(r["calibrated"], r["true"]) if c is not None and t is not None]
         anchors.append(
@@ -95,6 +101,7 @@ def summary(path: Path) -> dict:
                     reason: bool(stats[f"{reason}_groups"])
                     for reason in ("flat_calibrated", "flat_true", "single_pair")
                 },
+                "step_had_a_calibrated_spread_group": any(q is not None and q >= 1 for q in step),
             }
         )
     spreads = [p_real_spread(r["members"]) for r in eligible]
@@ -108,6 +115,9 @@ def summary(path: Path) -> dict:
         "flat_true": sum(a["flat_true"] for a in anchors),
         "flat_calibrated": sum(a["flat_calibrated"] for a in anchors),
         "single_pair": sum(a["single_pair"] for a in anchors),
+        "flat_calibrated_in_steps_with_a_calibrated_spread_group": sum(
+            a["flat_calibrated"] and a["step_had_a_calibrated_spread_group"] for a in anchors
+        ),
         "p_real_spread_quantiles_0_10_25_50_75_100": np.quantile(spreads, [0, 0.1, 0.25, 0.5, 0.75, 1])
         .round(3)
         .tolist()
@@ -117,8 +127,40 @@ def summary(path: Path) -> dict:
     }
 
 
+def table(folder: Path) -> list[dict]:
+    """One row per run whose log ``X.jsonl.gz`` has the run's ``summary.json`` beside it as
+    ``X.summary.json``: the log's counts and the arm's steps, held-out score and anchor weight."""
+    rows = []
+    for log in sorted(folder.glob("*.jsonl.gz")):
+        arm_summary = log.with_name(log.name.removesuffix(".jsonl.gz") + ".summary.json")
+        if not arm_summary.exists():
+            continue
+        s = summary(log)
+        arm = json.loads(arm_summary.read_text())["arms"]["wmrl-informative"]
+        rows.append(
+            {
+                "run": log.name.removesuffix(".jsonl.gz"),
+                "steps": arm["steps"],
+                "final_heldout": round(arm["final_heldout_mean"], 3),
+                "anchor_weight_mean": round(arm["anchor_weight_mean"], 2),
+                **{
+                    k: v
+                    for k, v in s.items()
+                    if k not in ("uninformative_anchor_groups", "p_real_spread_quantiles_0_10_25_50_75_100")
+                },
+                "informative_share": round(s["informative_anchor_groups"] / s["anchor_groups"], 3)
+                if s["anchor_groups"]
+                else None,
+            }
+        )
+    return rows
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "run":
         run(Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
+    elif sys.argv[1] == "table":
+        for row in table(Path(sys.argv[2])):
+            print(json.dumps(row))
     else:
         print(json.dumps(summary(Path(sys.argv[2])), indent=1))
