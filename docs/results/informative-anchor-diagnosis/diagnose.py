@@ -5,7 +5,7 @@ for one seed and budget, with two hooks that change nothing it does: every group
 world model's preview of the members (script hash, predicted status, score, status
 probabilities), and every anchor group logs its (calibrated, real) scores. Then summarises the log.
 
-    python docs/results/informative-anchor-diagnosis/diagnose.py run RUN_DIR BUDGET_CPU_S SEED
+    python docs/results/informative-anchor-diagnosis/diagnose.py run RUN_DIR BUDGET_CPU_S SEED [--keep-share]
     python docs/results/informative-anchor-diagnosis/diagnose.py summary RUN_DIR/diag.jsonl
     python docs/results/informative-anchor-diagnosis/diagnose.py table docs/results/informative-anchor-diagnosis
 
@@ -26,7 +26,7 @@ from wmrl_envs.autoresearch.grading import LADDER
 from wrappers.parts.monitor import anchor_group_stats
 
 
-def run(run_dir: Path, budget: float, seed: int) -> None:
+def run(run_dir: Path, budget: float, seed: int, keep_share: bool = False) -> None:
     import wrappers.anchor as anchor
     import wrappers.handle as handle
     from benchmarks.speedup import SpeedupConfig
@@ -63,6 +63,7 @@ def run(run_dir: Path, budget: float, seed: int) -> None:
     anchor.informative_priority, handle.anchor_group_stats = logged_priority, logged_stats
     cfg = tomllib.loads(Path("benchmarks/configs/speedup-full-tier.toml").read_text())
     cfg.update(arms=["wmrl-informative"], seeds=[seed], budget_cpu_s=budget, eval_fractions=[0.0, 1.0], workers=1)
+    cfg["anchor_keep_share"] = keep_share  # the protocol pins False
     run_speedup(SpeedupConfig(**cfg), run_dir)
 
 
@@ -158,7 +159,7 @@ def table(folder: Path) -> list[dict]:
 
 if __name__ == "__main__":
     if sys.argv[1] == "run":
-        run(Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
+        run(Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), keep_share="--keep-share" in sys.argv[5:])
     elif sys.argv[1] == "table":
         for row in table(Path(sys.argv[2])):
             print(json.dumps(row))
