@@ -32,8 +32,8 @@ With ``selection="informative"`` (vector form) a step's groups are decided at th
 from the groups with two or more distinct scripts whose scores, calibrated by the map in
 force, differ, then from the other groups with two or more distinct scripts (the isotonic
 map's flat steps can give distinct scripts one calibrated score); a group whose members all
-wrote the same script (real scores equal: nothing for the within-group ranking or the denoising weight to
-learn) is graded for real only to make up a step's share when too few others exist
+wrote the same script (real scores equal: nothing for the within-group ranking or the
+denoising weight to learn) is graded for real only to make up a step's share when too few others exist
 (``keep_share``, the default), so a policy collapsed onto one script stays watched.
 ``selection="least-confident"`` prefers the world model's least confident of those
 (:func:`~wrappers.parts.scheduling.informative_priority`). Resets of such a group leave
@@ -50,7 +50,7 @@ Classes: :class:`AnchorWrapper`, :class:`VectorAnchorWrapper`, :class:`GroupBook
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +63,7 @@ from wrappers._common import VectorSteps, json_key, known_info, put_info, requir
 from wrappers._record import record_constructor_args
 from wrappers.anchor_overlap import BackgroundGrader
 from wrappers.parts.scheduling import SELECTIONS, AnchorScheduler, informative_priority
-from wrappers.world_model import VectorWorldModelWrapper, WorldModelWrapper
+from wrappers.world_model import ScoreTransform, VectorWorldModelWrapper, WorldModelWrapper
 
 __all__ = ["AnchorWrapper", "VectorAnchorWrapper", "GroupBook"]
 
@@ -245,7 +245,7 @@ class _AnchorCore:
         self,
         slots: Iterable[int],
         preview: Callable[[list[int]], Mapping[int, tuple[Any, Any]]],
-        calibrate: Callable[[Sequence[float | None]], Sequence[float | None]] | None = None,
+        calibrate: ScoreTransform | None = None,
     ) -> None:
         """Informative selection, before a step of ``slots``: decide the groups of their
         undecided members from ``preview(slots) -> {slot: (graded action, raw outcome)}``

@@ -31,12 +31,15 @@ Classes: :class:`AnchorScheduler`. Functions: :func:`informative_priority`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from wrappers._common import json_key
+
+if TYPE_CHECKING:
+    from wrappers.world_model import ScoreTransform
 
 __all__ = ["AnchorScheduler", "informative_priority", "SELECTIONS"]
 
@@ -294,7 +297,7 @@ def informative_priority(
     members: Sequence[tuple[Any, Any]],
     *,
     least_confident: bool = False,
-    calibrate: Callable[[Sequence[float | None]], Sequence[float | None]] | None = None,
+    calibrate: ScoreTransform | None = None,
 ) -> float | None:
     """A group's priority for informative selection, from its members' ``(graded action,
     raw world-model outcome)``: ``None`` when fewer than two distinct actions are graded
@@ -311,7 +314,10 @@ def informative_priority(
     Distinct scripts can still share one calibrated score -- the isotonic map's flat steps
     merge distinct raw scores -- and 4 of the 5 uninformative anchor groups of a full-budget
     run were such groups (docs/results/informative-anchor-diagnosis/). They stay eligible,
-    after every group with a calibrated spread.
+    after every group with a calibrated spread: a map fitted on few pairs is flat almost
+    everywhere, and passing such groups over could leave it with no anchors to refit on.
+    Measured on two seeds, the ranking did not raise the informative share by itself (pooled
+    0.58 before, 0.60 after: a collapsed policy's steps rarely offer a better group).
 
     Why not least-confident by default: anchor pairs from where the model is unsure are a
     biased sample of its score range, and an isotonic map fitted on them extrapolates badly
