@@ -210,6 +210,12 @@ class SpeedupConfig:
         vectorization: ``sync`` or ``async`` vector env (``sync`` keeps the CPU clock exact).
         threads: torch CPU threads of the policy (1 spends the least CPU per token).
         save_policies: write each arm's final weights to ``arms/<arm>-seed<s>/policy.pt``.
+        max_rollbacks: the training loop's rollbacks after a collapse off the scaffold's format
+            (``GRPOLoopConfig.max_rollbacks``: the last policy whose replies were mostly valid is
+            restored at half the learning rate); 0 = a collapsed arm stays collapsed, as in every
+            protocol run before 2026-12-07 (their configs pin it).
+        warmup_steps: the training loop's linear learning-rate warmup, in optimiser steps
+            (``GRPOLoopConfig.warmup_steps``; 0 = none, as every protocol run so far).
         workers: arms of a seed trained side by side, each in its own process (1 = one after
             another in this process). An arm's budget is its own process's CPU clock, so
             side-by-side arms are charged the same way; 2 on a 2-core machine halves the wall
@@ -260,6 +266,8 @@ class SpeedupConfig:
     vectorization: str = "sync"
     threads: int = 1
     save_policies: bool = False
+    max_rollbacks: int = 3
+    warmup_steps: int = 0
     workers: int = 2
 
     def __post_init__(self) -> None:
@@ -599,7 +607,7 @@ def _one_arm(
         max_new_tokens=config.max_new_tokens, temperature=config.temperature, learning_rate=config.learning_rate,
         micro_batch_size=config.micro_batch_size, seed=seed, progress=False, tensorboard=False,
         # the arms run the paper's recipe: a guard that changes the anchor share only when asked for
-        exploitation_guard=False,
+        exploitation_guard=False, max_rollbacks=config.max_rollbacks, warmup_steps=config.warmup_steps,
     )  # fmt: skip
     try:
         history = train(LLMAgent(policy, stack, scaffold, grpo, tasks=train_tasks), callbacks=callbacks).history

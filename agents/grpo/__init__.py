@@ -7,6 +7,8 @@
   :func:`train`, the loop; checkpoints of policy + optimiser + RNG + stack state; the
   :class:`ExploitationGuard` callback.
 * :mod:`agents.grpo.diagnostics` -- warnings for runs that cannot learn.
+* :mod:`agents.grpo.rollback` -- :class:`FormatRollback`: the loop restores the last policy
+  that wrote its format when a run collapses off it (``GRPOLoopConfig.max_rollbacks``).
 * :mod:`agents.grpo.anchor_schedule` -- :class:`AnchorSchedule`, a callback that decays the
   anchor share while the calibration holds and raises it when the gap opens.
 * :mod:`agents.grpo.shadow` -- :class:`ShadowProbe`, a callback that grades a sample of the
@@ -42,6 +44,7 @@ from agents.grpo.objective import (
     group_advantages,
     grpo_loss,
 )
+from agents.grpo.rollback import FormatRollback
 from agents.grpo.shadow import ShadowProbe
 from agents.grpo.world_model_updates import WorldModelUpdater
 
@@ -55,6 +58,7 @@ __all__ = [
     "DEFAULT_GUARD",
     "WorldModelUpdater",
     "ShadowProbe",
+    "FormatRollback",
     "AnchorSchedule",
     "train",
     "step_metrics",

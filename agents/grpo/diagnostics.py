@@ -77,7 +77,7 @@ class SignalWatch:
         if valid is not None and (self.best_valid is None or float(valid) > self.best_valid[0]):
             self.best_valid = (float(valid), step)
         if self.has_signal(metrics):
-            self.streak, self.first_step, self.warned = [], None, False
+            self.reset()
             return None
         self.steps_without_signal += 1
         if not self.streak:
@@ -87,6 +87,18 @@ class SignalWatch:
             return None
         self.warned = True
         return self.message(step)
+
+    @property
+    def collapsed(self) -> bool:
+        """Whether the current streak is a collapse off the scaffold's format: replies mostly
+        malformed in its last step, after a step whose replies were mostly valid."""
+        if not self.streak or (self.streak[-1].get("reward/malformed_rate") or 0.0) < 0.5:
+            return False
+        return self.best_valid is not None and self.best_valid[0] >= 0.5
+
+    def reset(self) -> None:
+        """Forget the current streak (after a rollback the policy is another one)."""
+        self.streak, self.first_step, self.warned = [], None, False
 
     def message(self, step: int) -> str:
         total = lambda key: sum(int(m.get(key) or 0) for m in self.streak)  # noqa: E731
@@ -104,7 +116,8 @@ class SignalWatch:
             f"rewards, {skipped} with < 2 graded members{replies}), so the updates change nothing"
         )
         if (last.get("reward/malformed_rate") or 0.0) >= 0.5:
-            if self.best_valid is not None and self.best_valid[0] >= 0.5:
+            if self.collapsed:
+                assert self.best_valid is not None
                 rate, at = self.best_valid
                 return text + (
                     f". The policy has collapsed off the scaffold's format: its replies were {_pct(rate)} valid at "

@@ -7,7 +7,9 @@ Per step::
     episodes = agent.collect(groups, rng)                 # rewards come from the stack's step reward
     weight   = handle.anchor_weight                       # once the whole rollout is over
     adv      = group_advantages(rewards, groups, sources, anchor_weight=weight)
+    rollback.observe(...)                                 # mostly valid replies: keep the policy that wrote them
     agent.update(members with a non-zero advantage, optimizer, rng)
+    watch.update(...)                                     # no signal; collapsed off the format -> rollback.restore
     log, checkpoint (policy + optimizer + RNG + stack state), callbacks
 
 An agent (:class:`GRPOAgent`) supplies only what differs between an LLM and a VLA: how a
@@ -16,7 +18,8 @@ and how its policy weights are saved. Everything it learns about the stack comes
 one :class:`~wrappers.StackHandle` (``agent.env``'s) and the ``info`` of its own steps.
 
 Classes: :class:`GRPOLoopConfig`, :class:`GRPOAgent`, :class:`Episode`,
-:class:`TrainResult`, :class:`ExploitationGuard`. Functions: :func:`train`,
+:class:`TrainResult`, :class:`ExploitationGuard` (and :class:`~agents.grpo.rollback.FormatRollback`,
+which the loop runs). Functions: :func:`train`,
 :func:`step_metrics`, :func:`save_checkpoint`, :func:`load_checkpoint`.
 """
 
@@ -40,6 +43,7 @@ from tqdm.auto import tqdm
 
 from agents.grpo.diagnostics import CorrectionsIdleWarning, NoLearningSignalWarning, SignalWatch
 from agents.grpo.objective import LOSS_AGGREGATIONS, LossAggregation, group_advantages
+from agents.grpo.rollback import FormatRollback
 from wrappers import StackHandle
 
 __all__ = [
@@ -107,6 +111,18 @@ class GRPOLoopConfig:
         progress: show a tqdm bar. Default True.
         no_signal_patience: warn (``NoLearningSignalWarning``) after this many steps in a row
             in which no group had members with different rewards (0 = never). Default 3.
+        max_rollbacks: when such a streak is a collapse off the scaffold's format (replies
+            mostly malformed after steps of mostly valid ones), restore the last policy and
+            optimiser state whose replies were mostly valid and scale the learning rate by
+            ``rollback_lr_factor``, at most this many times (0 = never; see
+            :class:`~agents.grpo.rollback.FormatRollback`). Default 3.
+        rollback_lr_factor: the learning rate's factor on each rollback. Default 0.5.
+        warmup_steps: optimiser steps over which the learning rate rises linearly to
+            ``learning_rate`` (TRL's name; 0 = none). Adam's first step moves every weight by
+            about the learning rate whatever its gradient's size; at 1e-3 that alone took the
+            tiny plan policy off its format in every seed measured
+            (``docs/results/format-collapse/``). A rollback restores the optimiser state, so the
+            warmup counts from the restored step count. Default 0.
         exploitation_guard: on a stack with anchor groups, watch for exploitation of the
             world model with :data:`DEFAULT_GUARD` (raise the anchor share, then stop with a
             message) unless an :class:`ExploitationGuard` is among the callbacks already.
@@ -133,6 +149,9 @@ class GRPOLoopConfig:
     tensorboard: bool = True
     progress: bool = True
     no_signal_patience: int = 3
+    max_rollbacks: int = 3
+    rollback_lr_factor: float = 0.5
+    warmup_steps: int = 0
     exploitation_guard: bool = True
 
     def __post_init__(self) -> None:
@@ -144,11 +163,14 @@ class GRPOLoopConfig:
             raise ValueError(
                 f"{name}.loss_aggregation must be one of {LOSS_AGGREGATIONS}, got {self.loss_aggregation!r}"
             )
-        if self.learning_rate <= 0 or self.checkpoint_every < 0 or self.no_signal_patience < 0:
+        counts = (self.checkpoint_every, self.no_signal_patience, self.max_rollbacks, self.warmup_steps)
+        if self.learning_rate <= 0 or min(counts) < 0:
             raise ValueError(
-                f"{name}: learning_rate must be > 0, checkpoint_every and no_signal_patience >= 0, got "
-                f"{self.learning_rate}, {self.checkpoint_every}, {self.no_signal_patience}"
+                f"{name}: learning_rate must be > 0, checkpoint_every, no_signal_patience, max_rollbacks and "
+                f"warmup_steps >= 0, got {self.learning_rate}, {counts}"
             )
+        if not 0.0 < self.rollback_lr_factor <= 1.0:
+            raise ValueError(f"{name}.rollback_lr_factor must be in (0, 1], got {self.rollback_lr_factor}")
 
 
 class Episode(Protocol):
@@ -217,6 +239,8 @@ class TrainResult:
         steps_without_signal: steps of this call in which no group carried a learning signal.
         warnings: the texts of the warnings this call emitted (no signal, idle corrections) and
             what the default exploitation guard did (raised the anchor share, stopped).
+        rollbacks: what each rollback after a collapse off the format did (see
+            ``GRPOLoopConfig.max_rollbacks``).
     """
 
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -224,6 +248,7 @@ class TrainResult:
     start_step: int = 0
     steps_without_signal: int = 0
     warnings: list[str] = field(default_factory=list)
+    rollbacks: list[str] = field(default_factory=list)
 
 
 def _mean(xs: Sequence[float]) -> float | None:
@@ -515,6 +540,10 @@ def train(
     if saved.get("best_valid_rate") is not None:  # a collapse after a resume is still named one
         rate, at = saved["best_valid_rate"]
         watch.best_valid = (float(rate), int(at))
+    rollback = FormatRollback(
+        out_dir / "last_valid_policy" if out_dir else None, max_rollbacks=config.max_rollbacks,
+        rollbacks=int(saved.get("rollbacks") or 0),
+    )  # fmt: skip
     idle = handle.corrections_idle(config.total_steps - start_step, config.groups_per_step, config.group_size)
     if idle is not None:
         result.warnings.append(idle)
@@ -550,7 +579,11 @@ def train(
             )
             # Zero-advantage members carry no policy gradient: skipping them saves their pass.
             used = [(e, a) for e, a in zip(episodes, adv.advantages) if a is not None and a != 0.0]
+            agent_metrics = agent.step_metrics(episodes)
             t_update, cpu_update = time.perf_counter(), _cpu_seconds()
+            # the policy that wrote this step's replies, before the update moves it
+            rollback.observe(step + 1, agent_metrics, agent, optimizer)
+            _set_learning_rate(optimizer, config, rollback.rollbacks)
             loss_metrics = agent.update([e for e, _ in used], [a for _, a in used], optimizer, rng) if used else {}
             update_wall, update_cpu = time.perf_counter() - t_update, _cpu_seconds() - cpu_update
 
@@ -559,7 +592,7 @@ def train(
             s = adv.stats
             metrics = {
                 **step_metrics(episodes, anchor_weight),
-                **agent.step_metrics(episodes),
+                **agent_metrics,
                 **loss_metrics,
                 "groups/used": s.groups_used,
                 "groups/skipped": s.groups_skipped,
@@ -575,13 +608,22 @@ def train(
                 "time/step_wall": time.perf_counter() - t_step,
                 "memory/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             }
+            no_signal = watch.update(step + 1, metrics)
+            if no_signal is not None:
+                restored = rollback.restore(step + 1, agent, optimizer) if watch.collapsed else None
+                if restored is not None:
+                    lr_before = optimizer.param_groups[0]["lr"]
+                    restored += f", learning rate {lr_before:g} -> {_set_learning_rate(optimizer, config, rollback.rollbacks):g}"
+                    no_signal += f". Rolled back: {restored}"
+                    result.rollbacks.append(restored)
+                    watch.reset()  # the restored policy is judged afresh
+                result.warnings.append(no_signal)
+                warnings.warn(no_signal, NoLearningSignalWarning, stacklevel=2)
+            metrics["train/rollbacks"] = rollback.rollbacks
+            metrics["train/learning_rate"] = optimizer.param_groups[0]["lr"]
             logger.log(step + 1, metrics)
             result.history.append({"step": step + 1, **metrics})
             result.last_step = step + 1
-            no_signal = watch.update(step + 1, metrics)
-            if no_signal is not None:
-                result.warnings.append(no_signal)
-                warnings.warn(no_signal, NoLearningSignalWarning, stacklevel=2)
             result.steps_without_signal = watch.steps_without_signal
             reward = metrics["reward/mean"]
             bar.set_postfix(reward="n/a" if reward is None else f"{reward:.3f}", w=f"{anchor_weight:.2f}")
@@ -590,6 +632,7 @@ def train(
                 "config": asdict(config),
                 "real_executions_total": real_total,
                 "best_valid_rate": watch.best_valid,
+                "rollbacks": rollback.rollbacks,
                 "setup": run_info or {},
             }
             done = step + 1 == config.total_steps
@@ -603,6 +646,7 @@ def train(
     finally:
         bar.close()
         logger.close()
+        rollback.close()
         if default_guard is not None:  # what the guard nobody asked for did, where the caller will look
             result.warnings += [
                 f"exploitation guard, step {e['step']}: {e['action']}: {e['reason']}" for e in default_guard.events
@@ -624,6 +668,17 @@ def _resume(
     if checkpoint is not None and (checkpoint / "trainer.json").is_file():
         return load_checkpoint(checkpoint, agent, optimizer)
     return {}
+
+
+def _set_learning_rate(optimizer: torch.optim.Optimizer, config: GRPOLoopConfig, rollbacks: int) -> float:
+    """Set and return the rate of the next optimiser step: ``learning_rate``, times
+    ``rollback_lr_factor`` per rollback, times the linear warmup over ``warmup_steps``."""
+    steps = max((int(state["step"]) for state in optimizer.state.values() if "step" in state), default=0)
+    warmup = 1.0 if config.warmup_steps == 0 else min(1.0, (steps + 1) / config.warmup_steps)
+    lr = config.learning_rate * config.rollback_lr_factor**rollbacks * warmup
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
 
 
 def _real_executions(handle: StackHandle, before: dict[str, Any] | None, episodes: Sequence[Any]) -> int:
