@@ -216,6 +216,8 @@ class SpeedupConfig:
             protocol run before 2026-12-07 (their configs pin it).
         warmup_steps: the training loop's linear learning-rate warmup, in optimiser steps
             (``GRPOLoopConfig.warmup_steps``; 0 = none, as every protocol run so far).
+        beta: the k3 KL term to the warm-started policy (``GRPOLoopConfig.beta``; 0 = none, as
+            every protocol run so far).
         workers: arms of a seed trained side by side, each in its own process (1 = one after
             another in this process). An arm's budget is its own process's CPU clock, so
             side-by-side arms are charged the same way; 2 on a 2-core machine halves the wall
@@ -268,6 +270,7 @@ class SpeedupConfig:
     save_policies: bool = False
     max_rollbacks: int = 3
     warmup_steps: int = 0
+    beta: float = 0.0
     workers: int = 2
 
     def __post_init__(self) -> None:
@@ -608,6 +611,7 @@ def _one_arm(
         micro_batch_size=config.micro_batch_size, seed=seed, progress=False, tensorboard=False,
         # the arms run the paper's recipe: a guard that changes the anchor share only when asked for
         exploitation_guard=False, max_rollbacks=config.max_rollbacks, warmup_steps=config.warmup_steps,
+        beta=config.beta,
     )  # fmt: skip
     try:
         history = train(LLMAgent(policy, stack, scaffold, grpo, tasks=train_tasks), callbacks=callbacks).history

@@ -118,11 +118,11 @@ class GRPOLoopConfig:
             :class:`~agents.grpo.rollback.FormatRollback`). Default 3.
         rollback_lr_factor: the learning rate's factor on each rollback. Default 0.5.
         warmup_steps: optimiser steps over which the learning rate rises linearly to
-            ``learning_rate`` (TRL's name; 0 = none). Adam's first step moves every weight by
-            about the learning rate whatever its gradient's size; at 1e-3 that alone took the
-            tiny plan policy off its format in every seed measured
-            (``docs/results/format-collapse/``). A rollback restores the optimiser state, so the
-            warmup counts from the restored step count. Default 0.
+            ``learning_rate`` (TRL's name; 0 = none). Adam's first steps move every weight by
+            about the learning rate whatever its gradient's size: at 1e-3 the tiny plan policy's
+            first step with every reply malformed came at step 2-10 (5 seeds), with a 10-step
+            warmup at step 3-15 (``docs/results/format-collapse/``). A rollback restores the optimiser
+            state, so the warmup counts from the restored step count. Default 0.
         exploitation_guard: on a stack with anchor groups, watch for exploitation of the
             world model with :data:`DEFAULT_GUARD` (raise the anchor share, then stop with a
             message) unless an :class:`ExploitationGuard` is among the callbacks already.
