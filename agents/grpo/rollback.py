@@ -13,9 +13,12 @@ checkpoint would:
   ``max_rollbacks`` times in a run; the loop then lowers the learning rate
   (``GRPOLoopConfig.rollback_lr_factor``: the same rate can take it to the same place).
 
-Only the policy and the optimiser go back: the stack's state (anchor pairs, the calibration
-map), the RNG streams and the step count do not, so nothing a real execution taught is lost
-and the steps spent collapsed stay spent (and charged). Agents that do not report reply
+A snapshot is one save of the trainable weights and the optimiser's state per mostly-valid
+step: ~40 MB for the tiny policy, ~60 MB for SmolLM2's LoRA adapter, ~1.6 GB for all of
+SmolLM2's weights (``max_rollbacks=0`` saves nothing). Only the policy and the optimiser go
+back: the stack's state (anchor pairs, the calibration map), the RNG streams and the step
+count do not, so nothing a real execution taught is lost and the steps spent collapsed stay
+spent (and charged). Agents that do not report reply
 rates (the VLA agent) never save a snapshot, so they are never rolled back.
 
 >>> import torch
