@@ -2,6 +2,7 @@
 off it (agents.grpo.rollback, GRPOLoopConfig.max_rollbacks)."""
 
 import json
+import tempfile
 from types import SimpleNamespace
 
 import pytest
@@ -76,6 +77,9 @@ def test_a_collapse_off_the_format_is_rolled_back_to_the_last_mostly_valid_polic
     assert lr[4] == 1e-3 and lr[5] == 5e-4 and lr[8] == 2.5e-4 and lr[12] == 2.5e-4
     assert [h["train/rollbacks"] for h in result.history][4:9] == [1, 1, 1, 2, 2]
     assert sum("Rolled back" in w for w in result.warnings) == 2 and "Rolled back" not in result.warnings[-1]
+    # a warning whose collapse was rolled back says so instead of advising a resume by hand
+    assert not any("Rolled back" in w and "earlier checkpoint" in w for w in result.warnings)
+    assert "earlier checkpoint" in result.warnings[-1]
     # the count and the learning rate survive a resume; the snapshot stays beside the checkpoint
     assert json.loads((tmp_path / "run" / "checkpoint" / "trainer.json").read_text())["rollbacks"] == 2
     assert json.loads((tmp_path / "run" / "last_valid_policy" / "snapshot.json").read_text())["step"] == 9
@@ -87,6 +91,15 @@ def test_without_rollbacks_the_collapse_stays():
         result = train(agent)
     assert agent.weights_seen == [0, 1, 2] + [3] * 9 and result.rollbacks == []
     assert result.history[-1]["train/learning_rate"] == 1e-3
+
+
+def test_a_rollback_that_never_saves_leaves_no_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where a temporary snapshot would go
+    w = torch.nn.Parameter(torch.ones(1))
+    off = FormatRollback(None, max_rollbacks=0)
+    assert not off.observe(1, {"reward/valid_rate": 1.0}, SimpleNamespace(), torch.optim.AdamW([w]))
+    assert off.saved is None and not list(tmp_path.iterdir())
+    off.close()
 
 
 def test_rollback_settings_are_checked():

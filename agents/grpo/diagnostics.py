@@ -100,7 +100,9 @@ class SignalWatch:
         """Forget the current streak (after a rollback the policy is another one)."""
         self.streak, self.first_step, self.warned = [], None, False
 
-    def message(self, step: int) -> str:
+    def message(self, step: int, rolled_back: str | None = None) -> str:
+        """The warning for the current streak ending at ``step``; ``rolled_back`` (what a
+        :class:`~agents.grpo.rollback.FormatRollback` did about a collapse) replaces the advice."""
         total = lambda key: sum(int(m.get(key) or 0) for m in self.streak)  # noqa: E731
         used, degenerate, skipped = total("groups/used"), total("groups/degenerate"), total("groups/skipped")
         last = self.streak[-1]
@@ -119,13 +121,16 @@ class SignalWatch:
             if self.collapsed:
                 assert self.best_valid is not None
                 rate, at = self.best_valid
-                return text + (
+                text += (
                     f". The policy has collapsed off the scaffold's format: its replies were {_pct(rate)} valid at "
                     f"step {at}. Groups of malformed replies all score the same, so nothing pulls it back (it recovers "
                     "only if a sample happens to be valid); an update on a group with one malformed member can push a "
-                    "small policy there at a high learning rate: lower --learning-rate, or resume from an earlier "
-                    "checkpoint"
+                    "small policy there at a high learning rate"
                 )
+                if rolled_back is not None:
+                    return f"{text}. Rolled back: {rolled_back}"
+                return text + ": lower --learning-rate, or resume from an earlier checkpoint"
+
             return text + (
                 ". The policy does not write the scaffold's format yet: warm-start it (--warm-start-steps 60, "
                 "or --policy tiny-plan) or use a stronger model"

@@ -614,7 +614,7 @@ def train(
                 if restored is not None:
                     lr_before = optimizer.param_groups[0]["lr"]
                     restored += f", learning rate {lr_before:g} -> {_set_learning_rate(optimizer, config, rollback.rollbacks):g}"
-                    no_signal += f". Rolled back: {restored}"
+                    no_signal = watch.message(step + 1, rolled_back=restored)
                     result.rollbacks.append(restored)
                     watch.reset()  # the restored policy is judged afresh
                 result.warnings.append(no_signal)

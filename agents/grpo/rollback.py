@@ -95,13 +95,14 @@ class FormatRollback:
         self.max_rollbacks, self.healthy_valid_rate = max_rollbacks, healthy_valid_rate
         self.rollbacks = rollbacks
         self._temporary = directory is None
-        self.directory = Path(tempfile.mkdtemp(prefix="wmrl-rollback-")) if directory is None else Path(directory)
+        # a temporary directory is made on the first save, so a run that never saves leaves nothing
+        self.directory: Path | None = None if directory is None else Path(directory)
 
     @property
     def saved(self) -> dict[str, Any] | None:
         """``{"step", "valid_rate"}`` of the snapshot on disk, or ``None``."""
-        meta = self.directory / "snapshot.json"
-        return json.loads(meta.read_text()) if meta.is_file() else None
+        meta = None if self.directory is None else self.directory / "snapshot.json"
+        return json.loads(meta.read_text()) if meta is not None and meta.is_file() else None
 
     def observe(
         self, step: int, agent_metrics: Mapping[str, Any], agent: RollbackAgent, optimizer: torch.optim.Optimizer
@@ -111,6 +112,8 @@ class FormatRollback:
         valid = agent_metrics.get("reward/valid_rate")
         if self.max_rollbacks == 0 or valid is None or float(valid) < self.healthy_valid_rate:
             return False
+        if self.directory is None:
+            self.directory = Path(tempfile.mkdtemp(prefix="wmrl-rollback-"))
         # written beside and renamed, so a run killed mid-write keeps the previous snapshot
         tmp = self.directory.with_name(self.directory.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -126,7 +129,7 @@ class FormatRollback:
         """Restore the saved policy and optimiser state (the learning rate is the caller's to
         set); what was done, or ``None`` when there is no snapshot or no rollback left."""
         saved = self.saved
-        if saved is None or self.rollbacks >= self.max_rollbacks:
+        if saved is None or self.directory is None or self.rollbacks >= self.max_rollbacks:
             return None
         agent.load_policy(self.directory)
         optimizer.load_state_dict(torch.load(self.directory / "optimizer.pt", weights_only=True))
@@ -138,5 +141,6 @@ class FormatRollback:
 
     def close(self) -> None:
         """Remove a temporary snapshot directory (a named one is kept for a resume)."""
-        if self._temporary:
+        if self._temporary and self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = None
