@@ -7,13 +7,16 @@ the held-out evaluations and without a CPU budget; every reply's text and reward
 
     python docs/results/format-collapse/collapse.py run ARM STEPS WARM_START.pt RUN_DIR OUT.json '{"seed": 1, ...}'
     python docs/results/format-collapse/collapse.py table DIR
+    python docs/results/format-collapse/collapse.py spells ARMS_DIR OUT.json
 
 ARM is a speedup arm (``wm`` here: the world model grades, so a step costs generation only);
 RUN_DIR holds the protocol's out-of-sample ``world_model/`` (docs/results/speedup-full-tier/);
 the JSON overrides any ``GRPOConfig`` field (``groups_per_step``, ``beta``, ``learning_rate``,
 ``max_rollbacks``, ``seed``). ``run`` writes OUT.json (the loop's history) and
 OUT.json.texts.jsonl (each step's replies and rewards); ``table`` summarises every
-``x-<variant>-s<seed>.json.gz`` (OUT.json gzipped) in DIR into ``summary.json`` and ``malformed.png``.
+``x-<variant>-s<seed>.json.gz`` (OUT.json gzipped) in DIR into ``summary.json`` and ``malformed.png``;
+``spells`` lists, per arm of a speedup run's ``arms/`` directory, the spells of >= SPELL_STEPS
+steps with >= SPELL_MALFORMED of the replies malformed, and what each arm's updates weighed.
 """
 
 import gzip
@@ -27,6 +30,8 @@ import numpy as np
 TAIL = 25
 #: the variant the others are compared with, seed by seed (the protocol as it ran)
 BASELINE = "b0"
+#: a collapse spell in a protocol run: this many steps in a row with at least this share malformed
+SPELL_STEPS, SPELL_MALFORMED = 10, 0.9
 
 
 def run(arm: str, steps: int, warm: str, run_dir: str, out: str, overrides: dict) -> None:
@@ -170,11 +175,73 @@ def table(directory: Path) -> None:
     (directory / "summary.json").write_text(json.dumps(summary, indent=1))
 
 
+def spells(arms_dir: Path, out: Path) -> None:
+    """Collapse spells per arm x seed of a speedup run, beside two things that make one group
+    weigh more in an update: a step whose update rests on one group with a learning signal
+    (``real1`` trains on one group per step) and an anchor group's inverse-variance weight."""
+    import math
+    import re
+
+    arms: dict[str, dict[int, dict]] = {}
+    for path in sorted(arms_dir.glob("*-seed*.json.gz")):
+        arm, seed = re.fullmatch(r"(.+)-seed(\d+)\.json\.gz", path.name).groups()
+        history = json.loads(gzip.decompress(path.read_bytes()))["history"]
+        mal = [h["reward/malformed_rate"] or 0.0 for h in history]
+        found, i = [], 0
+        while i < len(mal):
+            j = i
+            while j < len(mal) and mal[j] >= SPELL_MALFORMED:
+                j += 1
+            if j - i >= SPELL_STEPS:
+                found.append({"step": history[i]["step"], "steps": j - i, "to_the_end": j == len(mal)})
+            i = max(j, i + 1)
+        updates = [h for h in history if h.get("loss/grad_norm") is not None]
+        weights = [h["anchor/weight"] for h in history if h.get("anchor/weight") is not None]
+        arms.setdefault(arm, {})[int(seed)] = {
+            "steps": len(history),
+            "spells": found,
+            "one_group_update_share": sum(h["groups/used"] - h["groups/degenerate"] == 1 for h in updates)
+            / max(1, len(updates)),
+            "max_anchor_weight": max(weights) if weights else None,
+        }
+    print(f"| arm | seeds with a spell (>= {SPELL_STEPS} steps >= {SPELL_MALFORMED:.0%} malformed) | spells "
+          "| ending the run | updates resting on one group | largest anchor weight (mean over seeds) |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|")
+    for arm, by_seed in arms.items():
+        hit = sum(bool(r["spells"]) for r in by_seed.values())
+        n_spells = sum(len(r["spells"]) for r in by_seed.values())
+        ending = sum(any(s["to_the_end"] for s in r["spells"]) for r in by_seed.values())
+        one = np.mean([r["one_group_update_share"] for r in by_seed.values()])
+        w = [r["max_anchor_weight"] for r in by_seed.values() if r["max_anchor_weight"] is not None]
+        print(
+            f"| {arm} | {hit} / {len(by_seed)} | {n_spells} | {ending} | {one:.2f} | {np.mean(w) if w else 1.0:.2f} |"
+        )
+
+    def one_sided_fisher(a: int, n_a: int, b: int, n_b: int) -> float:
+        """P(>= a of the k runs with a spell fall in the first n_a) under no association."""
+        k, n = a + b, n_a + n_b
+        return sum(math.comb(n_a, x) * math.comb(n_b, k - x) for x in range(a, min(k, n_a) + 1)) / math.comb(n, k)
+
+    uneven = [a for a in arms if a not in ("real", "wm")]
+    a = sum(bool(r["spells"]) for arm in uneven for r in arms[arm].values())
+    n_a = sum(len(arms[arm]) for arm in uneven)
+    b = sum(bool(r["spells"]) for arm in ("real", "wm") if arm in arms for r in arms[arm].values())
+    n_b = sum(len(arms[arm]) for arm in ("real", "wm") if arm in arms)
+    test = {"weighted_or_one_group_arms": uneven, "with_spell": [a, n_a], "real_and_wm_with_spell": [b, n_b],
+            "one_sided_fisher_p": one_sided_fisher(a, n_a, b, n_b)}  # fmt: skip
+    print(f"runs with a spell: {a} / {n_a} ({', '.join(uneven)}) vs {b} / {n_b} (real, wm); "
+          f"one-sided Fisher exact p = {test['one_sided_fisher_p']:.4f}")  # fmt: skip
+    out.write_text(json.dumps({"spell_steps": SPELL_STEPS, "spell_malformed": SPELL_MALFORMED,
+                               "arms": arms, "test": test}, indent=1))  # fmt: skip
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "run":
         arm, steps, warm, run_dir, out = sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
         run(arm, steps, warm, run_dir, out, json.loads(sys.argv[7]) if len(sys.argv) > 7 else {})
     elif sys.argv[1] == "table":
         table(Path(sys.argv[2]))
+    elif sys.argv[1] == "spells":
+        spells(Path(sys.argv[2]), Path(sys.argv[3]))
     else:
         raise SystemExit(__doc__)
