@@ -78,6 +78,7 @@ __all__ = [
     "headline",
     "tables",
     "ARM_METRICS",
+    "COLLAPSED_MALFORMED_RATE",
     "SPEEDUP_ARMS",
     "OPTIONAL_ARMS",
     "build_summary",
@@ -92,7 +93,12 @@ ARM_METRICS = (
     "other_cpu_s", "real_executions", "anchor_share", "final_heldout", "best_heldout", "step_cpu_s",
     "final_train_reward", "anchor_weight", "monitor_gap", "monitor_rank_agreement", "cache_hits",
     "distinct_scripts_per_task", "anchor_cpu_share", "informative_anchor_share", "anchor_weight_mean",
+    "collapsed_step_share", "rollbacks",
 )  # fmt: skip
+
+#: A step of a run collapsed off the scaffold's format: at least this share of its replies malformed
+#: (``docs/results/format-collapse/``; its ``spells`` count runs of such steps the same way).
+COLLAPSED_MALFORMED_RATE = 0.9
 
 #: The shadow probe's numbers averaged over seeds in ``summary.json`` (see :class:`~agents.grpo.ShadowProbe`).
 SHADOW_METRICS = (
@@ -444,7 +450,24 @@ def _arm_row(
         "monitor_gap": float(np.mean(gaps)) if gaps else None,
         "monitor_rank_agreement": float(np.mean(ranks)) if ranks else None,
         **anchor_fields(arm, history, cost),
+        **format_fields(history),
         "curve": budget.points,
+    }
+
+
+def format_fields(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """How much of a run was collapsed off the scaffold's format: ``collapsed_step_share`` (steps
+    with >= :data:`COLLAPSED_MALFORMED_RATE` of their replies malformed; ``None`` for an agent
+    that reports no reply rates) and ``rollbacks`` (the loop's restores after a collapse; 0 for
+    runs recorded before the loop logged them).
+
+    >>> format_fields([{"reward/malformed_rate": 1.0, "train/rollbacks": 0}, {"reward/malformed_rate": 0.25, "train/rollbacks": 1}])
+    {'collapsed_step_share': 0.5, 'rollbacks': 1}
+    """
+    rates = [h["reward/malformed_rate"] for h in history if h.get("reward/malformed_rate") is not None]
+    return {
+        "collapsed_step_share": sum(r >= COLLAPSED_MALFORMED_RATE for r in rates) / len(rates) if rates else None,
+        "rollbacks": int(history[-1].get("train/rollbacks") or 0) if history else 0,
     }
 
 
@@ -852,7 +875,8 @@ def _save_arm(saved: Path, arm: str, seed: int, payload: Mapping[str, Any]) -> N
 def _saved_row(arm: str, done: Mapping[str, Any]) -> dict[str, Any]:
     """A saved arm's summary row; arms saved before the anchor metrics existed get them from
     their history."""
-    return {**anchor_fields(arm, done["history"], done["row"]["cost_cpu_s"]), **done["row"]}
+    history = done["history"]
+    return {**anchor_fields(arm, history, done["row"]["cost_cpu_s"]), **format_fields(history), **done["row"]}
 
 
 def _arm_file(saved: Path, arm: str, seed: int) -> Path | None:
@@ -944,6 +968,10 @@ def build_summary(
             "steps": _mean([r["steps"] for r in mine]),
             "cache_hits": _mean([r.get("cache_hits") for r in mine]),
             "distinct_scripts_per_task": _mean([r.get("distinct_scripts_per_task") for r in mine]),
+            # a run collapsed off the format scores 0 from then on: say how much of each arm was
+            "collapsed_step_share": _mean([r.get("collapsed_step_share") for r in mine]),
+            "collapsed_step_share_ci95": bootstrap_ci([r.get("collapsed_step_share") for r in mine]),
+            "rollbacks": _mean([r.get("rollbacks") for r in mine]),
             # where the budget went: a reward that costs nothing can only buy back its own share
             "cpu_share": {
                 part: _mean([r[f"{part}_cpu_s"] / r["cost_cpu_s"] for r in mine if r.get(f"{part}_cpu_s") is not None])
@@ -1049,6 +1077,7 @@ def tables(result: Mapping[str, Any]) -> str:
             "WM rank agreement": _pm(r, "monitor_rank_agreement"), "anchor CPU share": _pm(r, "anchor_cpu_share"),
             "informative anchor groups": _pm(r, "informative_anchor_share"),
             "anchor weight (mean over steps)": _pm(r, "anchor_weight_mean"),
+            "collapsed steps": _pm(r, "collapsed_step_share"), "rollbacks": _pm(r, "rollbacks"),
         }
         for r in result["arms"]
     ]  # fmt: skip
@@ -1123,6 +1152,7 @@ def _summary_table(summary: Mapping[str, Any], k: int) -> str:
             "steps": _fmt(a["steps"]),
             "cache hits": _fmt(a["cache_hits"]),
             "distinct scripts / task": _fmt(a["distinct_scripts_per_task"]),
+            "collapsed steps [95% CI]": _ci(a.get("collapsed_step_share"), a.get("collapsed_step_share_ci95")),
         }
         if "reach_ratio_final" in a:
             n = len(a["seeds"])

@@ -227,6 +227,33 @@ def test_the_informative_arm_reports_anchor_metrics_and_ratios_against_real_and_
     assert summary["wm_one_off_cost"]["per_world_model_arm_run_cpu_s"] == pytest.approx(2.0)
 
 
+def test_the_summary_says_how_much_of_each_arm_was_collapsed_off_the_format():
+    from benchmarks.speedup import SpeedupConfig, _summary_table, build_summary, format_fields
+
+    curve = [
+        {"fraction": 0.0, "cost_cpu_s": 0.0, "heldout": 0.2},
+        {"fraction": 1.0, "cost_cpu_s": 10.0, "heldout": 0.4},
+    ]
+
+    def row(arm, seed, malformed, rollbacks=0):
+        history = [
+            {"step": i + 1, "reward/malformed_rate": m, "train/rollbacks": rollbacks} for i, m in enumerate(malformed)
+        ]
+        return {"arm": arm, "seed": seed, "curve": curve, "final_heldout": 0.4, "cost_cpu_s": 10.0, "steps": len(malformed),
+                **format_fields(history)}  # fmt: skip
+
+    # a step counts as collapsed from 90% of its replies malformed; an arm's share is its seeds' mean
+    rows = [row("real", 0, [0.0, 0.5]), row("real", 1, [0.0, 0.0]),
+            row("wm", 0, [0.0, 0.9, 1.0, 1.0]), row("wm", 1, [1.0, 0.0], rollbacks=1)]  # fmt: skip
+    summary = build_summary(SpeedupConfig(arms=("real", "wm"), seeds=(0, 1)), rows, {})
+    assert summary["arms"]["real"]["collapsed_step_share"] == 0.0
+    assert summary["arms"]["wm"]["collapsed_step_share"] == pytest.approx((0.75 + 0.5) / 2)
+    assert summary["arms"]["wm"]["rollbacks"] == 0.5 and summary["arms"]["wm"]["collapsed_step_share_ci95"] is not None
+    assert "collapsed steps [95% CI]" in _summary_table(summary, k=4)
+    # an agent that reports no reply rates (the VLA agent) has no share, not a share of 0
+    assert format_fields([{"step": 1}]) == {"collapsed_step_share": None, "rollbacks": 0}
+
+
 def test_speedup_config_refuses_bad_anchor_and_calibration_settings():
     from benchmarks.speedup import SpeedupConfig
 
