@@ -873,8 +873,8 @@ def _save_arm(saved: Path, arm: str, seed: int, payload: Mapping[str, Any]) -> N
 
 
 def _saved_row(arm: str, done: Mapping[str, Any]) -> dict[str, Any]:
-    """A saved arm's summary row; arms saved before the anchor metrics existed get them from
-    their history."""
+    """A saved arm's summary row; arms saved before the anchor or format metrics existed get them
+    from their history."""
     history = done["history"]
     return {**anchor_fields(arm, history, done["row"]["cost_cpu_s"]), **format_fields(history), **done["row"]}
 

@@ -130,7 +130,6 @@ class SignalWatch:
                 if rolled_back is not None:
                     return f"{text}. Rolled back: {rolled_back}"
                 return text + ": lower --learning-rate, or resume from an earlier checkpoint"
-
             return text + (
                 ". The policy does not write the scaffold's format yet: warm-start it (--warm-start-steps 60, "
                 "or --policy tiny-plan) or use a stronger model"

@@ -16,7 +16,8 @@ the JSON overrides any ``GRPOConfig`` field (``groups_per_step``, ``beta``, ``le
 OUT.json.texts.jsonl (each step's replies and rewards); ``table`` summarises every
 ``x-<variant>-s<seed>.json.gz`` (OUT.json gzipped) in DIR into ``summary.json`` and ``malformed.png``;
 ``spells`` lists, per arm of a speedup run's ``arms/`` directory, the spells of >= SPELL_STEPS
-steps with >= SPELL_MALFORMED of the replies malformed, and what each arm's updates weighed.
+steps with >= COLLAPSED_MALFORMED_RATE of the replies malformed (the speedup summary's
+``collapsed_step_share`` threshold), and what each arm's updates weighed.
 """
 
 import gzip
@@ -26,12 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.speedup import COLLAPSED_MALFORMED_RATE
+
 #: the last steps a run's end state is averaged over
 TAIL = 25
 #: the variant the others are compared with, seed by seed (the protocol as it ran)
 BASELINE = "b0"
-#: a collapse spell in a protocol run: this many steps in a row with at least this share malformed
-SPELL_STEPS, SPELL_MALFORMED = 10, 0.9
+#: a collapse spell in a protocol run: this many collapsed steps in a row
+SPELL_STEPS = 10
 
 
 def run(arm: str, steps: int, warm: str, run_dir: str, out: str, overrides: dict) -> None:
@@ -190,7 +193,7 @@ def spells(arms_dir: Path, out: Path) -> None:
         found, i = [], 0
         while i < len(mal):
             j = i
-            while j < len(mal) and mal[j] >= SPELL_MALFORMED:
+            while j < len(mal) and mal[j] >= COLLAPSED_MALFORMED_RATE:
                 j += 1
             if j - i >= SPELL_STEPS:
                 found.append({"step": history[i]["step"], "steps": j - i, "to_the_end": j == len(mal)})
@@ -204,7 +207,7 @@ def spells(arms_dir: Path, out: Path) -> None:
             / max(1, len(updates)),
             "max_anchor_weight": max(weights) if weights else None,
         }
-    print(f"| arm | seeds with a spell (>= {SPELL_STEPS} steps >= {SPELL_MALFORMED:.0%} malformed) | spells "
+    print(f"| arm | seeds with a spell (>= {SPELL_STEPS} steps >= {COLLAPSED_MALFORMED_RATE:.0%} malformed) | spells "
           "| ending the run | updates resting on one group | largest anchor weight (mean over seeds) |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|")
     for arm, by_seed in arms.items():
@@ -231,7 +234,7 @@ def spells(arms_dir: Path, out: Path) -> None:
             "one_sided_fisher_p": one_sided_fisher(a, n_a, b, n_b)}  # fmt: skip
     print(f"runs with a spell: {a} / {n_a} ({', '.join(uneven)}) vs {b} / {n_b} (real, wm); "
           f"one-sided Fisher exact p = {test['one_sided_fisher_p']:.4f}")  # fmt: skip
-    out.write_text(json.dumps({"spell_steps": SPELL_STEPS, "spell_malformed": SPELL_MALFORMED,
+    out.write_text(json.dumps({"spell_steps": SPELL_STEPS, "spell_malformed": COLLAPSED_MALFORMED_RATE,
                                "arms": arms, "test": test}, indent=1))  # fmt: skip
 
 
