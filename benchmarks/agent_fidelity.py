@@ -147,10 +147,13 @@ def _fit(arm: str, agent_path: str | None) -> tuple[Any, float, int]:
     return model, time.process_time() - t0, len(records)
 
 
-def template_pool_cv(arm: str, folds: int, agent_path: str | None = None, seed: int = 0) -> dict[str, Any]:
+def template_pool_cv(
+    arm: str, folds: int, agent_path: str | None = None, seed: int = 0, *, per_task: bool = False
+) -> dict[str, Any]:
     """Leave-datasets-out CV of ``arm`` on the template pool logs (catalog, both splits, and
     the log corpus), by tier (``small`` / ``full`` / ``corpus``): the records of a dataset are
-    only ever predicted by models fitted without that dataset, agent-style runs included."""
+    only ever predicted by models fitted without that dataset, agent-style runs included.
+    ``per_task`` keeps each tier's ``per_task_spearman`` (left out by default)."""
     from benchmarks.fidelity_transfer import _by_tier, load_all
     from wmrl_envs.world_models import CodeOutcomeConfig, CodeOutcomeModel
     from wmrl_envs.world_models.agent_corpus import read_agent_corpus
@@ -169,7 +172,7 @@ def template_pool_cv(arm: str, folds: int, agent_path: str | None = None, seed: 
         records, fit, n_folds=folds, seed=seed, evaluate=lambda r: r.origin != "agent-style", progress=False
     )
     by_tier = _by_tier(preds[: len(templates)], templates)
-    return {t: {k: v for k, v in m.items() if k != "per_task_spearman"} for t, m in by_tier.items()}
+    return {t: {k: v for k, v in m.items() if per_task or k != "per_task_spearman"} for t, m in by_tier.items()}
 
 
 def _mean_over_seeds(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

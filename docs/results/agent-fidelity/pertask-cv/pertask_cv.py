@@ -25,24 +25,9 @@ BASE, NEW = "templates", "templates+agent+reading"
 
 
 def run(arm: str, seed: int) -> None:
-    from benchmarks.fidelity_transfer import _by_tier, load_all
-    from wmrl_envs.world_models import CodeOutcomeConfig, CodeOutcomeModel
-    from wmrl_envs.world_models.agent_corpus import read_agent_corpus
-    from wmrl_envs.world_models.landmarks import with_landmarks
-    from wmrl_envs.world_models.transfer import leave_tasks_out
+    from benchmarks.agent_fidelity import template_pool_cv
 
-    catalog, corpus = load_all()
-    templates = with_landmarks(catalog + corpus)
-    extra = read_agent_corpus(None, splits=["train", "heldout"]) if arm == NEW else []
-    records = templates + [r for r in extra if r.known]
-
-    def fit(recs):  # the same fit as benchmarks.agent_fidelity.template_pool_cv
-        return CodeOutcomeModel(CodeOutcomeConfig(read_code=arm != BASE, keep_training_data=False)).fit(recs)
-
-    preds = leave_tasks_out(
-        records, fit, n_folds=5, seed=seed, evaluate=lambda r: r.origin != "agent-style", progress=False
-    )
-    by_tier = _by_tier(preds[: len(templates)], templates)
+    by_tier = template_pool_cv(arm, folds=5, seed=seed, per_task=True)
     out = {
         t: {"spearman_within_task": m["spearman_within_task"], "per_task": m["per_task_spearman"]}
         for t, m in by_tier.items()
