@@ -183,6 +183,17 @@ def test_every_task_builds_resets_steps_renders(task):
         assert e.observation_space.contains(obs) and not trunc
         frame = e.render()
         assert frame.shape == (32, 32, 3) and frame.std() > 0
+        # An init state fixes the whole scene: fixtures too (task 5's caddy is placed by a
+        # sampler at every reset), and the caller's global NumPy stream is left as it was.
+        sim = e.unwrapped.sim_env.sim
+        np.random.seed(123)
+        before = np.random.get_state()[1].copy()
+        e.reset(options={"init_state": 49})
+        assert np.array_equal(np.random.get_state()[1], before)
+        bodies, view = sim.model.body_pos.copy(), e.render()
+        e.reset(options={"init_state": 0})
+        e.reset(options={"init_state": 49})
+        assert np.array_equal(sim.model.body_pos, bodies) and np.array_equal(e.render(), view)
     finally:
         e.close()
 

@@ -2,7 +2,10 @@
 
 One env instance simulates one LIBERO-Long task (a MuJoCo scene; building it takes
 5-15 s and ~2 GB of memory, so an env is reused across episodes: ``reset`` restores one of
-the task's 50 bundled initial states without rebuilding the scene).
+the task's 50 bundled initial states without rebuilding the scene, and places the scene's
+fixed fixtures, which those states do not cover, with a sampler seeded by the state's index:
+one init state is one scene, in every episode and process on a machine. Across machines the
+same actions can end apart: docs/vla.md measured it).
 
 Grading. An episode's outcome is the simulator's success check (the task's BDDL goal) of
 the trajectory. The goal is checked at the *start* of each ``step`` -- a pure read of the
@@ -37,12 +40,14 @@ Classes: :class:`LiberoLongConfig`, :class:`LiberoTrajectory`, :class:`LiberoLon
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
 import os
 import time
 import warnings
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +83,18 @@ def _close_at_exit(ref: weakref.ref) -> None:
     env = ref()
     if env is not None:
         env.close()
+
+
+@contextlib.contextmanager
+def _global_numpy_seeded(seed: int) -> Iterator[None]:
+    """NumPy's global RNG seeded with ``seed`` inside the block, its previous state restored after
+    (the caller's stream neither consumed nor reset)."""
+    state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
 
 
 def _quiet_robosuite() -> None:
@@ -327,7 +344,13 @@ class LiberoLongEnv(OutcomeSeam, gym.Env):
         self._frames, self._states, self._actions = [], [], []
         self._goal_cache = None
 
-        self.sim_env.reset()
+        # LIBERO places a scene's fixed fixtures (task 5's desk caddy) at every reset by sampling
+        # NumPy's global RNG, and the bundled init states cannot restore them (a fixture has no
+        # joint): unseeded, the caddy moved by 1-2 cm between resets and between processes, so
+        # members of one GRPO group saw different scenes and task 5's demonstrations did not
+        # reproduce. Seeded by the init state, an init state fixes the whole scene.
+        with _global_numpy_seeded(index):
+            self.sim_env.reset()
         self._clear_carried_state()
         raw = self.sim_env.set_init_state(self._init_states[index])
         for _ in range(self.config.num_warmup_steps):
