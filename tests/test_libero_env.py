@@ -174,8 +174,12 @@ def test_camera_observations_upright_and_recorded():
 
 @pytest.mark.parametrize("task", LIBERO_10_TASKS, ids=lambda t: f"task{t.index}")
 def test_every_task_builds_resets_steps_renders(task):
+    np.random.seed(123)
+    _, key, pos, *_ = np.random.get_state()
     e = gym.make(task.gym_id, cameras=False, render_mode="rgb_array", image_size=32)
     try:
+        _, key_after, pos_after, *_ = np.random.get_state()
+        assert np.array_equal(key_after, key) and pos_after == pos  # building took no draw of the caller's
         obs, info = e.reset(options={"init_state": 49})
         assert info["task_id"] == task.name and obs["instruction"] == task.instruction
         for _ in range(3):

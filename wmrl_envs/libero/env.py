@@ -217,12 +217,15 @@ class LiberoLongEnv(OutcomeSeam, gym.Env):
         self.task: LiberoTask = get_task(task_id)
         self.render_mode = render_mode
         self._init_states = load_init_states(self.task)
-        self.sim_env = self._build_sim()
+        # Building and the first reset place fixtures from NumPy's global RNG too (see reset):
+        # seeded, so construction neither depends on nor advances the caller's stream.
+        with _global_numpy_seeded(0):
+            self.sim_env = self._build_sim()
+            raw = self.sim_env.reset()
         # Close at interpreter exit if the user never does. Registered after the simulator
         # created its EGL display (whose eglTerminate is an atexit handler too), so it runs
         # first: a GL context freed after eglTerminate prints EGL_NOT_INITIALIZED tracebacks.
         atexit.register(_close_at_exit, weakref.ref(self))
-        raw = self.sim_env.reset()
 
         size = self.config.image_size
         obs_spaces: dict[str, spaces.Space] = {}
