@@ -16,7 +16,7 @@ from agents.grpo import group_advantages, train
 from agents.vla.demos import DemoDataset, DemoEpisode
 from agents.vla.evaluate import RandomPolicy, evaluate_policy, success_metrics
 from agents.vla.model import MiniVLA, MiniVLAConfig, collate
-from agents.vla.rollout import run_group
+from agents.vla.rollout import run_episode, run_group
 from agents.vla.sft import SFTConfig, train_sft
 from agents.vla.tokenizer import dataset_statistics
 from agents.vla.trainer import VLAAgent, VLAGRPOConfig, update
@@ -324,6 +324,20 @@ def test_rollout_executes_a_chunk_open_loop_with_one_row_per_decision():
     # decisions at steps 0 and 6 (3 actions x 2 repeats each); step 12 is the graded one
     assert ep.steps == 13 and len(ep.rows) == 2 and ep.token_tensor().shape == (2, 21)
     assert env.states == pytest.approx(np.cumsum([0.0] + [0.01, 0.01, 0.02, 0.02, 0.03, 0.03] * 2).tolist())
+
+
+def test_receding_horizon_executes_the_first_actions_of_each_chunk_then_decides_again():
+    env = ToyReach(horizon=13)
+    ep = run_episode(env, _ChunkPolicy(3), {"init_state": 0}, action_repeat=2, execute_actions=1)
+    # a decision every 2 steps (0, 2, ..., 10), each executing the chunk's first action only
+    assert ep.steps == 13 and len(ep.rows) == 6 and ep.token_tensor().shape == (6, 21)
+    assert env.states == pytest.approx(np.cumsum([0.0] + [0.01] * 12).tolist())
+    two = ToyReach(horizon=13)
+    assert len(run_episode(two, _ChunkPolicy(3), {"init_state": 0}, action_repeat=2, execute_actions=2).rows) == 3
+    assert two.states == pytest.approx(np.cumsum([0.0] + [0.01, 0.01, 0.02, 0.02] * 3).tolist())
+    for bad in (0, True):
+        with pytest.raises(ValueError, match="execute_actions"):
+            run_episode(ToyReach(), _ChunkPolicy(3), {"init_state": 0}, execute_actions=bad)
 
 
 def _instructed_demo(instruction: str, value: float, n: int = 10) -> DemoEpisode:

@@ -396,6 +396,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         image_size=config.image_size,
         max_episode_steps=config.max_episode_steps,
         env_cameras=config.env_cameras,
+        execute_actions=config.execute_actions,
     )
     print(markdown_table(rows, config.trials))
     if config.output:

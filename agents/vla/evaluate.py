@@ -58,6 +58,9 @@ class EvalConfig:
         trials: episodes per initial state (the paper's 8).
         temperature: sampling temperature of the VLA (0 = greedy).
         action_repeat: env steps each decision is held for (as in training).
+        execute_actions: actions of each predicted chunk executed before the policy decides
+            again (``None``: all ``K``, open loop, as in training; ``1``: receding horizon, a
+            decision every ``action_repeat`` env steps at ``K`` times the decisions' CPU).
         image_size: side of the rendered camera views.
         max_episode_steps: episode limit (LIBERO-Long's evaluation uses 520).
         env_cameras: take the policy's views from the env's camera observations (rendered at
@@ -78,6 +81,7 @@ class EvalConfig:
     trials: int = 8
     temperature: float = 1.0
     action_repeat: int = 4
+    execute_actions: int | None = None
     image_size: int = 64
     max_episode_steps: int = 520
     env_cameras: bool = False
@@ -252,10 +256,12 @@ def evaluate_policy(
     log: Any = None,
     action_repeat: int = 4,
     image_size: int = 64,
+    execute_actions: int | None = None,
 ) -> dict[str, Any]:
     """Success of ``policy`` on ``env`` (one task): per-init successes and :func:`success_metrics`.
 
-    ``policy="expert"`` runs the scripted expert instead of a model.
+    ``policy="expert"`` runs the scripted expert instead of a model; ``execute_actions`` as in
+    :class:`EvalConfig`.
     """
     from agents.vla.rollout import RolloutTimes, run_episode
 
@@ -281,6 +287,7 @@ def evaluate_policy(
                     seed=seed + trial,
                     action_repeat=action_repeat,
                     image_size=image_size,
+                    execute_actions=execute_actions,
                 )
                 ok = bool(ep.goal_reached)
             successes.setdefault(int(k), []).append(bool(ok))
@@ -302,11 +309,12 @@ def evaluate_tasks(
     max_episode_steps: int = 520,
     env_cameras: bool = False,
     progress: bool = False,
+    execute_actions: int | None = None,
 ) -> list[dict[str, Any]]:
     """One row per policy x task x split (``{"ID": [0, ..., 15], "OOD": [...]}``; empty splits skipped).
 
     One simulator per task serves every policy (building a LIBERO env is the slow part);
-    ``env_cameras`` as in :class:`EvalConfig`.
+    ``env_cameras`` and ``execute_actions`` as in :class:`EvalConfig`.
     """
     from tqdm.auto import tqdm
 
@@ -328,6 +336,7 @@ def evaluate_tasks(
                         seed=seed,
                         action_repeat=action_repeat,
                         image_size=image_size,
+                        execute_actions=execute_actions,
                     )
                     rows.append({"policy": name, "task": task, "split": split, "seed": seed, **r})
         finally:

@@ -157,11 +157,18 @@ def run_episode(
     seed: int | None = None,
     action_repeat: int = 1,
     image_size: int = 64,
+    execute_actions: int | None = None,
 ) -> VLAEpisode:
     """Roll ``policy`` out for one episode of ``env`` (single env; the stack or the bare env).
 
     Each decision's action is held for ``action_repeat`` env steps (a chunked policy's ``K``
-    actions one after another, each held as long); the camera views are rendered (:func:`add_views`) only at decision steps when the env has no cameras."""
+    actions one after another, each held as long); the camera views are rendered (:func:`add_views`) only at decision steps when the env has no cameras.
+
+    ``execute_actions = m`` executes only the first ``m`` actions of each chunk before the
+    policy decides again (receding horizon; ``None``: all ``K``, open loop). For evaluation:
+    an episode's stored tokens are whole chunks, whose unexecuted tail the reward never saw."""
+    if execute_actions is not None and (isinstance(execute_actions, bool) or execute_actions < 1):
+        raise ValueError(f"execute_actions must be None or an int >= 1, got {execute_actions!r}")
     times = times if times is not None else RolloutTimes()
     t0 = time.perf_counter()
     obs, info = env.reset(seed=seed, options=dict(options))
@@ -181,7 +188,7 @@ def run_episode(
         times.act_seconds += time.perf_counter() - t0
         times.actions += 1
         # A chunked policy's decision is K actions, executed open loop: one row per decision.
-        chunk = np.asarray(out.actions[0]).reshape(-1, 7)
+        chunk = np.asarray(out.actions[0]).reshape(-1, 7)[:execute_actions]
         ended = False
         for k, action in enumerate(chunk):
             for r in range(action_repeat):
