@@ -6,6 +6,8 @@ leave the host unaffected (checked on the host side, not just from the script's 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import json
 import os
@@ -25,6 +27,8 @@ from sandbox_helpers import (  # noqa: F401
 )
 
 from wmrl_envs.sandbox import ExecutorPool, Job
+
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 
 TRAIN_SCRIPT = """
 import pandas as pd
@@ -134,6 +138,26 @@ def test_fork_bomb_that_swallows_errors_times_out(executor):
     )
     assert r.status in ("timeout", "killed_limit"), (r.reason, r.stderr_tail)
     _host_is_clean(executor)
+
+
+def test_a_killed_run_leaves_no_zombie_on_its_uid_when_its_orphans_reach_the_host(local_executor):
+    # A timeout's SIGKILL can take bwrap's monitor before its pid-1 child, which is then
+    # orphaned. This process stands in for the host's init (the subreaper orphans would
+    # reach) and never reaps them: the uid is clean only if the launcher reaps its own.
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    try:
+        r = local_executor.run(
+            "import os\nos.fork()\nwhile True:\n    pass\n", limits=dataclasses.replace(SMALL, wall_seconds=1)
+        )
+        left = sandbox_processes()
+    finally:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        for pid in sandbox_processes():  # what reached us: reap it, so no later test sees it
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+    assert r.status == "timeout", (r.reason, r.stderr_tail)
+    assert left == []
 
 
 def test_gigabyte_of_stdout_is_cut(executor):

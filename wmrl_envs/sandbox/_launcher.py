@@ -41,6 +41,12 @@ yields the sandbox's true CPU time and peak RSS (``wait4`` in the host process w
 the host's own resident set, which a forked child starts with). Docker backend: the
 container's pid 1.
 
+The launcher is a child subreaper (``PR_SET_CHILD_SUBREAPER``): a process of the run orphaned
+by a kill (bwrap's pid-1 child, when its monitor dies first; a daemonised grandchild) becomes
+the launcher's child, so the sweep reaps it. Without that it went to the host's init, and its
+zombie -- still counted as a process of the uid -- outlived the launcher whenever that init
+reaped later than the sweep's timeout: the uid was then released with a process on it.
+
 Standard library only; runs under any python3 >= 3.9.
 """
 
@@ -54,6 +60,7 @@ import time
 
 def main() -> None:  # noqa: C901 -- complexity over 15 before the limit (issue 26)
     _undumpable()
+    _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the run's orphans are ours to reap (docstring)
     opts = json.loads(sys.argv[1])
     cmd = sys.argv[2:]
     state = {"child": 0, "stop": False, "wall": False}
