@@ -35,7 +35,7 @@ if docker info >/dev/null 2>&1; then
   "$PY" -m wmrl_envs.sandbox.cli build-image --if-missing || echo "warning: sandbox image build failed" >&2
 fi
 
-"$PY" -m pytest -q -ra "$@"
+"$PY" -m pytest -q -ra --durations=25 "$@"  # the slowest tests: the suite must stay under ~20 min on 2 cores
 rc=$?
 if [ "$rc" = 5 ]; then echo "pytest collected no tests: treating as failure" >&2; rc=1; fi
 if [ -n "$checks_failed" ]; then
